@@ -1,0 +1,291 @@
+//! The one seam between the lease engine and Redis: acquire, extend, release.
+//!
+//! Everything above this file speaks in keys, tokens and ttls; only this file knows commands,
+//! scripts and connections. Cluster, Sentinel or a Redlock quorum replace this file, not its callers.
+//!
+//! Connections are per tokio runtime: a multiplexed connection's driver task lives on the runtime
+//! that opened it and dies with it, so each runtime that calls in gets its own, opened on first use
+//! and dropped once that runtime is gone. The hot path thus stays on the caller's runtime (no hop
+//! to another thread), and the watchdog thread's runtime is just one more caller.
+
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script};
+use tokio::runtime::{Handle, Id as RuntimeId};
+use tokio::sync::oneshot;
+
+use crate::error::{LockError, TimedOut};
+
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+
+/// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
+const EXTEND_CHUNK: usize = 500;
+
+/// One lease to extend: key, token, new ttl.
+pub(crate) struct Extension<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) ttl: Duration,
+}
+
+/// Extensions encoded for sending: one extend-script call per chunk of keys, pipelined.
+pub(crate) struct ExtendBatch(redis::Pipeline);
+
+impl ExtendBatch {
+    pub(crate) fn new(leases: &[Extension<'_>]) -> Self {
+        let mut pipe = redis::pipe();
+        for chunk in leases.chunks(EXTEND_CHUNK) {
+            let cmd = pipe.cmd("EVALSHA").arg(EXTEND.get_hash()).arg(chunk.len());
+            for lease in chunk {
+                cmd.arg(lease.key);
+            }
+            for lease in chunk {
+                cmd.arg(lease.token).arg(millis(lease.ttl));
+            }
+        }
+        Self(pipe)
+    }
+}
+
+pub(crate) struct Backend {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    response_timeout: Duration,
+    connect_timeout: Duration,
+    by_runtime: Mutex<Vec<RuntimeConnection>>,
+}
+
+struct RuntimeConnection {
+    runtime: RuntimeId,
+    /// Closed once the runtime is gone: a sentinel task on that runtime holds the receiver.
+    runtime_alive: oneshot::Sender<()>,
+    connection: MultiplexedConnection,
+    generation: u64,
+}
+
+/// A connection lent for one call, with the generation to invalidate if it turns out broken.
+struct Lent {
+    connection: MultiplexedConnection,
+    generation: u64,
+}
+
+impl Backend {
+    pub(crate) fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(connect_timeout)
+            .set_response_timeout(response_timeout);
+        Self {
+            client,
+            config,
+            response_timeout,
+            connect_timeout,
+            by_runtime: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
+    /// `SET key token NX PX ttl`: `true` when taken, `false` when another owner holds it.
+    ///
+    /// `budget` bounds the whole call; on a timeout or a broken connection the command may still
+    /// have landed, so the caller must treat the key as possibly ours and release it.
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        budget: Duration,
+    ) -> Result<bool, RedisFailure> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
+        let reply: Option<redis::Value> = self.query(Request::Cmd(&cmd), budget).await?;
+        Ok(reply.is_some())
+    }
+
+    /// Compare-and-delete: `true` when our key was deleted, `false` when it was not ours.
+    pub(crate) async fn release(&self, key: &str, token: &str) -> Result<bool, RedisFailure> {
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation.key(key).arg(token);
+        let mut lent = self.lend().await?;
+        let reply = tokio::time::timeout(
+            self.response_timeout,
+            invocation.invoke_async::<i64>(&mut lent.connection),
+        )
+        .await;
+        self.settle(&lent, reply, self.response_timeout)
+            .map(|deleted| deleted == 1)
+    }
+
+    /// Extends every lease of `batch` whose key still holds its token; one round trip for all.
+    /// The answer lists, in order, which were extended.
+    pub(crate) async fn extend(&self, batch: &ExtendBatch) -> Result<Vec<bool>, RedisFailure> {
+        let replies: Vec<Vec<i64>> = match self.query(Request::Pipeline(&batch.0), self.response_timeout).await {
+            Err(RedisFailure::Redis(err)) if err.kind() == ErrorKind::NoScriptError => {
+                // A restarted or flushed Redis has no scripts: load it, then send the batch again
+                // (a NOSCRIPT reply means none of it ran).
+                let mut lent = self.lend().await?;
+                let loaded = tokio::time::timeout(
+                    self.response_timeout,
+                    EXTEND.load_async(&mut lent.connection),
+                )
+                .await;
+                self.settle(&lent, loaded, self.response_timeout)?;
+                self.query(Request::Pipeline(&batch.0), self.response_timeout).await?
+            }
+            other => other?,
+        };
+        Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
+    }
+
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        request: Request<'_>,
+        budget: Duration,
+    ) -> Result<T, RedisFailure> {
+        let mut lent = self.lend().await?;
+        let connection = &mut lent.connection;
+        let reply = match request {
+            Request::Cmd(cmd) => tokio::time::timeout(budget, cmd.query_async(connection)).await,
+            Request::Pipeline(pipe) => {
+                tokio::time::timeout(budget, pipe.query_async(connection)).await
+            }
+        };
+        self.settle(&lent, reply, budget)
+    }
+
+    /// Turns a reply into a result, dropping the connection when it proved broken.
+    fn settle<T>(
+        &self,
+        lent: &Lent,
+        reply: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        budget: Duration,
+    ) -> Result<T, RedisFailure> {
+        match reply {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => {
+                if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+                {
+                    self.invalidate(lent.generation);
+                }
+                Err(RedisFailure::Redis(err))
+            }
+            Err(_) => Err(RedisFailure::TimedOut(TimedOut(budget))),
+        }
+    }
+
+    /// The current runtime's connection, opened on first use.
+    async fn lend(&self) -> Result<Lent, RedisFailure> {
+        let runtime = Handle::try_current().map_err(|_| RedisFailure::NoRuntime)?.id();
+        if let Some(lent) = self.cached(runtime) {
+            return Ok(lent);
+        }
+        let opened = tokio::time::timeout(
+            self.connect_timeout,
+            self.client.get_multiplexed_async_connection_with_config(&self.config),
+        )
+        .await
+        .map_err(|_| RedisFailure::TimedOut(TimedOut(self.connect_timeout)))?
+        .map_err(RedisFailure::Redis)?;
+
+        let (runtime_alive, sentinel) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _sentinel = sentinel;
+            std::future::pending::<()>().await
+        });
+        static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut by_runtime = self.by_runtime.lock().unwrap_or_else(|e| e.into_inner());
+        by_runtime.retain(|c| !c.runtime_alive.is_closed() && c.runtime != runtime);
+        by_runtime.push(RuntimeConnection {
+            runtime,
+            runtime_alive,
+            connection: opened.clone(),
+            generation,
+        });
+        Ok(Lent {
+            connection: opened,
+            generation,
+        })
+    }
+
+    fn cached(&self, runtime: RuntimeId) -> Option<Lent> {
+        let by_runtime = self.by_runtime.lock().unwrap_or_else(|e| e.into_inner());
+        by_runtime
+            .iter()
+            .find(|c| c.runtime == runtime && !c.runtime_alive.is_closed())
+            .map(|c| Lent {
+                connection: c.connection.clone(),
+                generation: c.generation,
+            })
+    }
+
+    fn invalidate(&self, generation: u64) {
+        let mut by_runtime = self.by_runtime.lock().unwrap_or_else(|e| e.into_inner());
+        by_runtime.retain(|c| c.generation != generation);
+    }
+}
+
+/// Why a call to Redis failed.
+#[derive(Debug)]
+pub(crate) enum RedisFailure {
+    Redis(RedisError),
+    TimedOut(TimedOut),
+    NoRuntime,
+}
+
+impl RedisFailure {
+    /// Whether the command may have reached Redis although no good answer came back.
+    pub(crate) fn may_have_landed(&self) -> bool {
+        match self {
+            Self::Redis(err) => err.is_io_error() || err.is_connection_dropped() || err.is_timeout(),
+            Self::TimedOut(_) => true,
+            Self::NoRuntime => false,
+        }
+    }
+
+    pub(crate) fn into_lock_error(self, key: Option<&str>) -> LockError {
+        match self {
+            Self::Redis(err) => LockError::redis(key, err),
+            Self::TimedOut(timed_out) => LockError::redis(key, timed_out),
+            Self::NoRuntime => LockError::Config {
+                message: "lockmacro needs a tokio runtime with time enabled".into(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for RedisFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Redis(err) => err.fmt(f),
+            Self::TimedOut(timed_out) => timed_out.fmt(f),
+            Self::NoRuntime => f.write_str("no tokio runtime"),
+        }
+    }
+}
+
+/// A command or a pipeline.
+enum Request<'a> {
+    Cmd(&'a redis::Cmd),
+    Pipeline(&'a redis::Pipeline),
+}
+
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Backend {
+    pub(crate) async fn ping(&self) -> Result<(), RedisFailure> {
+        let _: String = self.query(Request::Cmd(&redis::cmd("PING")), self.response_timeout).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! `LockClient`: where locks are taken, and what owns the connections and the watchdog.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::context;
+use crate::error::LockError;
+use crate::key::check_key;
+use crate::lease::{Lease, LeaseState, drift};
+use crate::options::LockOptions;
+use crate::renewal::RenewalQueue;
+
+/// A handle to one Redis deployment for taking locks. Cheap to clone: clones share connections
+/// and one watchdog thread, which ends when the last clone (and the last lease) is dropped.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
+/// use lockmacro_runtime::{LockClient, LockOptions};
+///
+/// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
+/// let total = locks
+///     .run_locked("invoices:2026-11", LockOptions::new(), async { 40 + 2 })
+///     .await?;
+/// assert_eq!(total, 42);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: u64,
+    redacted_url: String,
+    scan_interval: Duration,
+    backend: Arc<Backend>,
+    renewals: RenewalQueue,
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient")
+            .field("url", &self.inner.redacted_url)
+            .field("scan_interval", &self.inner.scan_interval)
+            .field("response_timeout", &self.inner.backend.response_timeout())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`LockClient`]; from [`LockClient::builder`].
+#[derive(Clone)]
+#[must_use]
+pub struct LockClientBuilder {
+    url: String,
+    scan_interval: Duration,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl std::fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClientBuilder")
+            .field("url", &redact(&self.url))
+            .field("scan_interval", &self.scan_interval)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+impl LockClientBuilder {
+    /// How often the watchdog scans for leases to extend (default 2 s). Leases too short for
+    /// this period get wake-ups of their own, so it only trades round trips for latency.
+    pub fn scan_interval(mut self, interval: Duration) -> Self {
+        self.scan_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest a connection attempt may take (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The longest any one command may wait for its reply (default 1 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Builds the client and checks that Redis answers.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a malformed URL, [`LockError::Redis`] when Redis cannot be reached
+    /// or rejects the credentials within the timeouts.
+    pub async fn build(self) -> Result<LockClient, LockError> {
+        let client = self.build_lazy()?;
+        client.ping().await?;
+        Ok(client)
+    }
+
+    /// Builds the client without any I/O; connections open on first use.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a malformed URL or when the watchdog thread cannot start.
+    pub fn build_lazy(self) -> Result<LockClient, LockError> {
+        let redacted_url = redact(&self.url);
+        let redis = redis::Client::open(self.url.as_str()).map_err(|err| LockError::Config {
+            message: format!("cannot use `{redacted_url}`: {err}"),
+        })?;
+        let backend = Arc::new(Backend::new(
+            redis,
+            self.connect_timeout,
+            self.response_timeout,
+        ));
+        let renewals = RenewalQueue::start(backend.clone(), self.scan_interval).map_err(|err| {
+            LockError::Config {
+                message: format!("cannot start the watchdog thread: {err}"),
+            }
+        })?;
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        Ok(LockClient {
+            inner: Arc::new(Inner {
+                id: IDS.fetch_add(1, Ordering::Relaxed),
+                redacted_url,
+                scan_interval: self.scan_interval,
+                backend,
+                renewals,
+            }),
+        })
+    }
+}
+
+impl LockClient {
+    /// Connects with the default settings.
+    ///
+    /// # Errors
+    /// As [`LockClientBuilder::build`].
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::builder(url).build().await
+    }
+
+    /// Starts configuring a client for `url`: `redis://[user[:password]@]host[:port][/db]`,
+    /// or `rediss://` for TLS.
+    pub fn builder(url: &str) -> LockClientBuilder {
+        LockClientBuilder {
+            url: url.to_owned(),
+            scan_interval: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// Runs `work` while holding the lock `key`, the programmatic twin of `#[redis_lock]`:
+    /// acquire, register with the watchdog, run (cancelled when the lease ends), release.
+    ///
+    /// A call made while the current task already holds `key` through this client re-enters:
+    /// it runs `work` without a second acquisition and leaves the release to the outer call.
+    ///
+    /// # Errors
+    /// [`LockError::Busy`] when another owner holds the key (after `wait`, if set),
+    /// [`LockError::Redis`] when Redis fails while acquiring (the work never ran),
+    /// [`LockError::RenewalsExhausted`] or [`LockError::Lost`] when the work was cut short,
+    /// [`LockError::InvalidKey`] for an empty or over-long key.
+    ///
+    /// # Cancellation safety
+    /// Dropping the future at any point releases the lock (in the background) if it was taken.
+    pub async fn run_locked<F: Future>(
+        &self,
+        key: impl Into<String>,
+        options: LockOptions,
+        work: F,
+    ) -> Result<F::Output, LockError> {
+        let key = check_key(key.into())?;
+        if context::holds(self.inner.id, &key) {
+            return Ok(work.await);
+        }
+        let lease = self.acquire(key, options).await?;
+        let outcome = lease.run(work).await;
+        if let Err(err) = lease.release().await {
+            tracing::warn!(error = %err, "lock release not confirmed; retrying in the background");
+        }
+        outcome
+    }
+
+    /// Takes the lock `key` and returns its [`Lease`], renewed by the watchdog until released
+    /// or dropped. Use [`Lease::run`] to have work cancelled when the lease ends.
+    ///
+    /// # Errors
+    /// As [`run_locked`](Self::run_locked) for acquiring.
+    ///
+    /// # Cancellation safety
+    /// If dropped while the `SET` is in flight, the key (if it was set) is released in the background.
+    pub async fn acquire(
+        &self,
+        key: impl Into<String>,
+        options: LockOptions,
+    ) -> Result<Lease, LockError> {
+        let key = check_key(key.into())?;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let ttl = options.ttl;
+        // A reply later than the lease itself is worthless: the lock may have lapsed already.
+        let budget = self
+            .inner
+            .backend
+            .response_timeout()
+            .min(ttl.saturating_sub(drift(ttl)).max(Duration::from_millis(1)));
+        let mut pending = PendingAcquire {
+            client: self,
+            key,
+            token,
+            ttl,
+            armed: true,
+        };
+        let sent_at = Instant::now();
+        let outcome = (self.inner.backend)
+            .acquire(&pending.key, &pending.token, ttl, budget)
+            .await;
+        match outcome {
+            Ok(true) => {
+                let (key, token) = pending.disarm();
+                static IDS: AtomicU64 = AtomicU64::new(1);
+                let state = Arc::new(LeaseState::new(
+                    IDS.fetch_add(1, Ordering::Relaxed),
+                    self.inner.id,
+                    key,
+                    token,
+                    &options,
+                    None,
+                    sent_at,
+                ));
+                self.inner.renewals.register(state.clone());
+                tracing::debug!(key = %state.key, ttl_ms = ttl.as_millis() as u64, "lock acquired");
+                Ok(Lease::new(state, self.clone()))
+            }
+            Ok(false) => {
+                let (key, _) = pending.disarm();
+                tracing::debug!(key = %key, "lock busy");
+                Err(LockError::Busy { key })
+            }
+            Err(failure) => {
+                // The SET may have landed with no answer back: then PendingAcquire's drop releases it.
+                pending.armed = failure.may_have_landed();
+                Err(failure.into_lock_error(Some(&pending.key)))
+            }
+        }
+    }
+
+    /// Sends `PING`, to check that Redis answers.
+    async fn ping(&self) -> Result<(), LockError> {
+        self.inner
+            .backend
+            .ping()
+            .await
+            .map_err(|failure| failure.into_lock_error(None))
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.inner.backend
+    }
+
+    pub(crate) fn renewals(&self) -> &RenewalQueue {
+        &self.inner.renewals
+    }
+
+    /// How many leases this client's watchdog is keeping alive right now.
+    pub fn held_leases(&self) -> usize {
+        self.inner.renewals.len()
+    }
+}
+
+/// An acquire in flight: if dropped armed (the caller gave up, or the reply was lost), the `SET`
+/// may have landed without our hearing of it, so the key is released in the background.
+struct PendingAcquire<'a> {
+    client: &'a LockClient,
+    key: String,
+    token: String,
+    ttl: Duration,
+    armed: bool,
+}
+
+impl PendingAcquire<'_> {
+    fn disarm(&mut self) -> (String, String) {
+        self.armed = false;
+        (std::mem::take(&mut self.key), std::mem::take(&mut self.token))
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let (key, token) = self.disarm();
+            (self.client.inner.renewals).release_in_background(key, token, self.ttl);
+        }
+    }
+}
+
+/// The URL with any password replaced by `***`, safe to print.
+pub(crate) fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "<malformed url>".to_owned(),
+    }
+}

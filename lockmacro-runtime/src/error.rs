@@ -1,0 +1,98 @@
+//! The one error type of the crate: every way a locked call can end without running to completion.
+
+use std::time::Duration;
+
+/// Why a locked call did not run, or did not run to its end.
+///
+/// A function under `#[redis_lock]` returns `Result<T, E>` with `E: From<LockError>`, so these
+/// arrive in the caller's own error type. Every variant that concerns one lock names its key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another owner holds the lock (and `wait`, if set, ran out). The work never ran.
+    #[error("lock `{key}` is held by another owner")]
+    Busy {
+        /// The Redis key of the lock.
+        key: String,
+    },
+
+    /// The lease was extended `max_renewals` times and its last lease ran out before the work
+    /// finished, so the work was cancelled and the lock released.
+    #[error("lock `{key}` used all {renewals} renewals before the work finished; the work was cancelled")]
+    RenewalsExhausted {
+        /// The Redis key of the lock.
+        key: String,
+        /// How many extensions were made.
+        renewals: u32,
+    },
+
+    /// The lease ended under the work: the key was found gone or replaced, or no extension was
+    /// confirmed before the local deadline (Redis paused or unreachable). The work was cancelled.
+    #[error("lock `{key}` was lost before the work finished; the work was cancelled")]
+    Lost {
+        /// The Redis key of the lock.
+        key: String,
+    },
+
+    /// Redis could not be reached, did not answer in time, or answered with an error. When this
+    /// comes from acquiring, the work never ran.
+    #[error("redis failed{}: {source}", for_key(key))]
+    Redis {
+        /// The Redis key of the lock, when the failure concerns one.
+        key: Option<String>,
+        /// What went wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+
+    /// The key rendered empty or longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN). Checked before any I/O.
+    #[error("invalid lock key `{key}`: {reason}")]
+    InvalidKey {
+        /// The key as rendered (shortened when long).
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The client could not be configured: a malformed URL, an unsupported scheme, no tokio runtime.
+    #[error("invalid lock client configuration: {message}")]
+    Config {
+        /// What is wrong, with any password redacted.
+        message: String,
+    },
+}
+
+fn for_key(key: &Option<String>) -> String {
+    key.as_deref()
+        .map(|key| format!(" for lock `{key}`"))
+        .unwrap_or_default()
+}
+
+/// A Redis call that got no answer within its budget.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {0:?}")]
+pub(crate) struct TimedOut(pub(crate) Duration);
+
+impl LockError {
+    /// The Redis key this error concerns, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Busy { key }
+            | Self::RenewalsExhausted { key, .. }
+            | Self::Lost { key }
+            | Self::InvalidKey { key, .. } => Some(key),
+            Self::Redis { key, .. } => key.as_deref(),
+            Self::Config { .. } => None,
+        }
+    }
+
+    pub(crate) fn redis(
+        key: Option<&str>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Self::Redis {
+            key: key.map(str::to_owned),
+            source: source.into(),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Redis distributed locks for async Rust, as one attribute: `#[redis_lock]` takes a lock
+//! named after an argument, keeps its lease alive while the function runs, cancels the function
+//! when the lease cannot be kept, and releases the lock on every exit path.
+//!
+//! ```no_run
+//! use lockmacro_runtime::{redis_lock, LockError};
+//!
+//! #[redis_lock(prefix = "Business1", key = user_id, ttl = 3, max_renewals = 3)]
+//! async fn charge(user_id: u64) -> Result<u64, LockError> {
+//!     // runs only while this process holds Redis key "Business1:<user_id>"
+//!     Ok(user_id)
+//! }
+//! ```
+//!
+//! Users depend on this crate alone: it re-exports the attribute from `lockmacro`.
+//!
+//! | piece | where |
+//! |---|---|
+//! | the attribute | [`redis_lock`] |
+//! | the client: connections and one watchdog thread | [`LockClient`], [`set_default_client`] |
+//! | the programmatic API | [`LockClient::run_locked`], [`LockClient::acquire`], [`Lease`] |
+//! | inside locked work | [`LockContext`] |
+//! | errors | [`LockError`] |
+//!
+//! # Features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `axum` | `IntoResponse` for [`LockError`]: 409 Conflict when busy, 503 otherwise |
+//!
+//! # Cancellation
+//!
+//! Locked work is cancelled by dropping it at its next `.await`. Work that blocks a thread
+//! without reaching an `.await` cannot be cancelled and may outrun its lease.
+#![warn(missing_docs, unreachable_pub)]
+
+mod backend;
+mod client;
+mod context;
+mod default_client;
+mod error;
+mod key;
+mod lease;
+mod options;
+mod renewal;
+
+#[cfg(feature = "axum")]
+mod axum;
+
+#[doc(hidden)]
+pub mod __private;
+
+pub use client::{LockClient, LockClientBuilder};
+pub use context::LockContext;
+pub use default_client::{default_client, set_default_client};
+pub use error::LockError;
+pub use key::MAX_KEY_LEN;
+pub use lease::Lease;
+pub use lockmacro::redis_lock;
+pub use options::LockOptions;
