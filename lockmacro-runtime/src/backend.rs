@@ -18,11 +18,44 @@ use tokio::sync::oneshot;
 
 use crate::error::{LockError, TimedOut};
 
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
+const RELEASE_LUA: &str = include_str!("scripts/release.lua");
+const EXTEND_LUA: &str = include_str!("scripts/extend.lua");
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
+
 
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
 const EXTEND_CHUNK: usize = 500;
+
+/// One attempt to take a lock.
+pub(crate) struct AcquireRequest<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) ttl: Duration,
+    pub(crate) fencing: bool,
+    /// Report the holder's remaining lease when busy (a waiter sleeps at most that long).
+    pub(crate) want_remaining: bool,
+}
+
+/// What an acquire attempt found.
+pub(crate) enum Acquired {
+    Taken { fencing_token: Option<u64> },
+    Busy { remaining: Option<Duration> },
+}
+
+/// Where the fencing counter of `key` lives: outside the lock key, so it survives releases.
+pub(crate) fn fencing_counter(key: &str) -> String {
+    format!("lockmacro:fence:{key}")
+}
+
+/// The channel on which releases of `key` are announced.
+pub(crate) fn release_channel(key: &str) -> String {
+    format!("{RELEASE_CHANNEL_PREFIX}{key}")
+}
+
+pub(crate) const RELEASE_CHANNEL_PREFIX: &str = "lockmacro:released:";
 
 /// One lease to extend: key, token, new ttl.
 pub(crate) struct Extension<'a> {
@@ -94,21 +127,49 @@ impl Backend {
         self.response_timeout
     }
 
-    /// `SET key token NX PX ttl`: `true` when taken, `false` when another owner holds it.
+    /// Takes `key` for `token` atomically. The plain path is one `SET key token NX PX ttl`; with
+    /// `fencing` or `want_remaining` it is the acquire script, which also hands out the fencing
+    /// token or reports the holder's remaining lease.
     ///
     /// `budget` bounds the whole call; on a timeout or a broken connection the command may still
     /// have landed, so the caller must treat the key as possibly ours and release it.
     pub(crate) async fn acquire(
         &self,
-        key: &str,
-        token: &str,
-        ttl: Duration,
+        request: AcquireRequest<'_>,
         budget: Duration,
-    ) -> Result<bool, RedisFailure> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
-        let reply: Option<redis::Value> = self.query(Request::Cmd(&cmd), budget).await?;
-        Ok(reply.is_some())
+    ) -> Result<Acquired, RedisFailure> {
+        let AcquireRequest { key, token, ttl, fencing, want_remaining } = request;
+        if !fencing && !want_remaining {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
+            let reply: Option<redis::Value> = self.query(Request::Cmd(&cmd), budget).await?;
+            return Ok(match reply {
+                Some(_) => Acquired::Taken { fencing_token: None },
+                None => Acquired::Busy { remaining: None },
+            });
+        }
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation.key(key);
+        if fencing {
+            invocation.key(fencing_counter(key));
+        }
+        invocation.arg(token).arg(millis(ttl));
+        let mut lent = self.lend().await?;
+        let reply = tokio::time::timeout(
+            budget,
+            invocation.invoke_async::<(i64, i64)>(&mut lent.connection),
+        )
+        .await;
+        let (taken, value) = self.settle(&lent, reply, budget)?;
+        Ok(if taken == 1 {
+            Acquired::Taken {
+                fencing_token: fencing.then_some(value.max(0) as u64),
+            }
+        } else {
+            Acquired::Busy {
+                remaining: u64::try_from(value).ok().map(Duration::from_millis),
+            }
+        })
     }
 
     /// Compare-and-delete: `true` when our key was deleted, `false` when it was not ours.
@@ -195,6 +256,16 @@ impl Backend {
         .await
         .map_err(|_| RedisFailure::TimedOut(TimedOut(self.connect_timeout)))?
         .map_err(RedisFailure::Redis)?;
+        // Load the scripts up front, so a crowd of first callers does not each meet NOSCRIPT.
+        let mut preload = redis::pipe();
+        for source in [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA] {
+            preload.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+        }
+        let mut connection = opened.clone();
+        tokio::time::timeout(self.response_timeout, preload.query_async::<()>(&mut connection))
+            .await
+            .map_err(|_| RedisFailure::TimedOut(TimedOut(self.response_timeout)))?
+            .map_err(RedisFailure::Redis)?;
 
         let (runtime_alive, sentinel) = oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -287,5 +358,58 @@ impl Backend {
     pub(crate) async fn ping(&self) -> Result<(), RedisFailure> {
         let _: String = self.query(Request::Cmd(&redis::cmd("PING")), self.response_timeout).await?;
         Ok(())
+    }
+}
+
+/// Release announcements, on a subscription connection of its own (one per client, shared by
+/// every waiting key, so waiters never each take a connection).
+pub(crate) struct ReleaseFeed {
+    sink: redis::aio::PubSubSink,
+    stream: redis::aio::PubSubStream,
+    response_timeout: Duration,
+}
+
+impl Backend {
+    pub(crate) async fn release_feed(&self) -> Result<ReleaseFeed, RedisFailure> {
+        let pubsub = tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
+            .await
+            .map_err(|_| RedisFailure::TimedOut(TimedOut(self.connect_timeout)))?
+            .map_err(RedisFailure::Redis)?;
+        let (sink, stream) = pubsub.split();
+        Ok(ReleaseFeed {
+            sink,
+            stream,
+            response_timeout: self.response_timeout,
+        })
+    }
+}
+
+impl ReleaseFeed {
+    /// Starts hearing about releases of `key`; returns once Redis confirmed the subscription.
+    pub(crate) async fn watch(&mut self, key: &str) -> Result<(), RedisFailure> {
+        let subscribe = self.sink.subscribe(release_channel(key));
+        match tokio::time::timeout(self.response_timeout, subscribe).await {
+            Ok(reply) => reply.map_err(RedisFailure::Redis),
+            Err(_) => Err(RedisFailure::TimedOut(TimedOut(self.response_timeout))),
+        }
+    }
+
+    pub(crate) async fn unwatch(&mut self, key: &str) -> Result<(), RedisFailure> {
+        let unsubscribe = self.sink.unsubscribe(release_channel(key));
+        match tokio::time::timeout(self.response_timeout, unsubscribe).await {
+            Ok(reply) => reply.map_err(RedisFailure::Redis),
+            Err(_) => Err(RedisFailure::TimedOut(TimedOut(self.response_timeout))),
+        }
+    }
+
+    /// The next key released; `None` once the connection is gone.
+    pub(crate) async fn next_release(&mut self) -> Option<String> {
+        use futures_util::StreamExt;
+        loop {
+            let message = self.stream.next().await?;
+            if let Some(key) = message.get_channel_name().strip_prefix(RELEASE_CHANNEL_PREFIX) {
+                return Some(key.to_owned());
+            }
+        }
     }
 }

@@ -5,13 +5,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::backend::Backend;
+use crate::backend::{AcquireRequest, Acquired, Backend};
 use crate::context;
 use crate::error::LockError;
 use crate::key::check_key;
+use crate::backend::millis;
 use crate::lease::{Lease, LeaseState, drift};
 use crate::options::LockOptions;
 use crate::renewal::RenewalQueue;
+use crate::waiters::WaitQueue;
 
 /// A handle to one Redis deployment for taking locks. Cheap to clone: clones share connections
 /// and one watchdog thread, which ends when the last clone (and the last lease) is dropped.
@@ -38,6 +40,7 @@ struct Inner {
     scan_interval: Duration,
     backend: Arc<Backend>,
     renewals: RenewalQueue,
+    waits: WaitQueue,
 }
 
 impl std::fmt::Debug for LockClient {
@@ -121,6 +124,7 @@ impl LockClientBuilder {
                 message: format!("cannot start the watchdog thread: {err}"),
             }
         })?;
+        let waits = WaitQueue::start(backend.clone(), renewals.background());
         static IDS: AtomicU64 = AtomicU64::new(1);
         Ok(LockClient {
             inner: Arc::new(Inner {
@@ -129,6 +133,7 @@ impl LockClientBuilder {
                 scan_interval: self.scan_interval,
                 backend,
                 renewals,
+                waits,
             }),
         })
     }
@@ -189,6 +194,10 @@ impl LockClient {
     /// Takes the lock `key` and returns its [`Lease`], renewed by the watchdog until released
     /// or dropped. Use [`Lease::run`] to have work cancelled when the lease ends.
     ///
+    /// With [`LockOptions::wait`], a busy lock is waited for: the waiter wakes when the holder
+    /// releases (announced through Redis pub/sub), or at the latest when the holder's lease
+    /// would end (a holder that died announces nothing).
+    ///
     /// # Errors
     /// As [`run_locked`](Self::run_locked) for acquiring.
     ///
@@ -200,6 +209,49 @@ impl LockClient {
         options: LockOptions,
     ) -> Result<Lease, LockError> {
         let key = check_key(key.into())?;
+        let Some(wait) = options.wait else {
+            return match self.try_acquire(key, &options).await? {
+                Attempt::Taken(lease) => Ok(lease),
+                Attempt::Busy { key, .. } => Err(LockError::Busy { key }),
+            };
+        };
+        let give_up = Instant::now() + wait;
+        let mut key = key;
+        let mut ticket = None;
+        loop {
+            let remaining = match self.try_acquire(key, &options).await? {
+                Attempt::Taken(lease) => return Ok(lease),
+                Attempt::Busy { key: busy, remaining } => {
+                    key = busy;
+                    remaining
+                }
+            };
+            let now = Instant::now();
+            if now >= give_up {
+                tracing::debug!(key = %key, "lock still busy when the wait ran out");
+                return Err(LockError::Busy { key });
+            }
+            match &ticket {
+                None => {
+                    // Once subscribed, no release can slip by unheard: look again right away.
+                    tracing::debug!(key = %key, "lock busy; waiting");
+                    let joined = self.inner.waits.join(&key);
+                    joined.subscribed(give_up - now).await;
+                    ticket = Some(joined);
+                }
+                Some(ticket) => {
+                    let fallback = remaining
+                        .map(jittered)
+                        .unwrap_or(Duration::from_millis(100))
+                        .min(give_up - now);
+                    ticket.released_or(fallback).await;
+                }
+            }
+        }
+    }
+
+    /// One attempt to take `key`.
+    async fn try_acquire(&self, key: String, options: &LockOptions) -> Result<Attempt, LockError> {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let ttl = options.ttl;
         // A reply later than the lease itself is worthless: the lock may have lapsed already.
@@ -216,11 +268,15 @@ impl LockClient {
             armed: true,
         };
         let sent_at = Instant::now();
-        let outcome = (self.inner.backend)
-            .acquire(&pending.key, &pending.token, ttl, budget)
-            .await;
-        match outcome {
-            Ok(true) => {
+        let request = AcquireRequest {
+            key: &pending.key,
+            token: &pending.token,
+            ttl,
+            fencing: options.fencing,
+            want_remaining: options.wait.is_some(),
+        };
+        match self.inner.backend.acquire(request, budget).await {
+            Ok(Acquired::Taken { fencing_token }) => {
                 let (key, token) = pending.disarm();
                 static IDS: AtomicU64 = AtomicU64::new(1);
                 let state = Arc::new(LeaseState::new(
@@ -228,21 +284,22 @@ impl LockClient {
                     self.inner.id,
                     key,
                     token,
-                    &options,
-                    None,
+                    options,
+                    fencing_token,
                     sent_at,
                 ));
                 self.inner.renewals.register(state.clone());
-                tracing::debug!(key = %state.key, ttl_ms = ttl.as_millis() as u64, "lock acquired");
-                Ok(Lease::new(state, self.clone()))
+                tracing::debug!(key = %state.key, ttl_ms = millis(ttl), fencing_token, "lock acquired");
+                Ok(Attempt::Taken(Lease::new(state, self.clone())))
             }
-            Ok(false) => {
+            Ok(Acquired::Busy { remaining }) => {
                 let (key, _) = pending.disarm();
                 tracing::debug!(key = %key, "lock busy");
-                Err(LockError::Busy { key })
+                Ok(Attempt::Busy { key, remaining })
             }
             Err(failure) => {
-                // The SET may have landed with no answer back: then PendingAcquire's drop releases it.
+                // The command may have landed with no answer back: then PendingAcquire's drop
+                // releases the key in the background.
                 pending.armed = failure.may_have_landed();
                 Err(failure.into_lock_error(Some(&pending.key)))
             }
@@ -270,6 +327,22 @@ impl LockClient {
     pub fn held_leases(&self) -> usize {
         self.inner.renewals.len()
     }
+}
+
+enum Attempt {
+    Taken(Lease),
+    Busy {
+        key: String,
+        remaining: Option<Duration>,
+    },
+}
+
+/// A holder's remaining lease plus up to 10 %, so waiters whose holder died do not all retry at once.
+fn jittered(remaining: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let spread = remaining / 10 + Duration::from_millis(1);
+    remaining + Duration::from_nanos(random % (spread.as_nanos() as u64).max(1))
 }
 
 /// An acquire in flight: if dropped armed (the caller gave up, or the reply was lost), the `SET`

@@ -43,6 +43,7 @@ mod key;
 mod lease;
 mod options;
 mod renewal;
+mod waiters;
 
 #[cfg(feature = "axum")]
 mod axum;

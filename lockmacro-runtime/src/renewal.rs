@@ -23,6 +23,8 @@ use crate::lease::{LeaseState, instant_at, now_nanos};
 pub(crate) struct RenewalQueue {
     shared: Arc<Shared>,
     jobs: mpsc::UnboundedSender<Job>,
+    /// The watchdog thread's runtime, for other background work of the client.
+    background: tokio::runtime::Handle,
 }
 
 struct Shared {
@@ -59,11 +61,16 @@ impl RenewalQueue {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let background = runtime.handle().clone();
         let watchdog = shared.clone();
         std::thread::Builder::new()
             .name("lockmacro-watchdog".into())
             .spawn(move || runtime.block_on(watch(watchdog, queue)))?;
-        Ok(Self { shared, jobs })
+        Ok(Self {
+            shared,
+            jobs,
+            background,
+        })
     }
 
     pub(crate) fn register(&self, lease: Arc<LeaseState>) {
@@ -90,6 +97,10 @@ impl RenewalQueue {
     pub(crate) fn release_in_background(&self, key: String, token: String, ttl: Duration) {
         // Fails only when the watchdog is gone, i.e. the process is exiting: the key expires.
         let _ = self.jobs.send(Job::Release { key, token, ttl });
+    }
+
+    pub(crate) fn background(&self) -> &tokio::runtime::Handle {
+        &self.background
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -1,0 +1,87 @@
+//! Nested locked calls in one task re-enter; other tasks are other owners; `LockContext` describes the lease.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{fast_client, get, opts};
+use lockmacro_runtime::{LockContext, LockError};
+use testkit::RedisServer;
+
+#[tokio::test]
+async fn nested_call_on_the_same_key_reenters_and_only_the_outer_releases() {
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    let outcome = locks
+        .run_locked("account:1", opts(5_000), async {
+            let token = LockContext::current().unwrap().token().to_owned();
+            let inner = locks
+                .run_locked("account:1", opts(5_000), async { LockContext::current().unwrap().token().to_owned() })
+                .await
+                .expect("re-enters instead of failing as busy");
+            assert_eq!(inner, token, "the inner call runs under the outer lease");
+            assert_eq!(get(&server, "account:1").await, Some(token), "the inner call does not release");
+        })
+        .await;
+    outcome.unwrap();
+    assert_eq!(get(&server, "account:1").await, None, "the outer call releases");
+}
+
+#[tokio::test]
+async fn nested_calls_on_different_keys_take_both() {
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    locks
+        .run_locked("account:a", opts(5_000), async {
+            locks
+                .run_locked("account:b", opts(5_000), async {
+                    assert!(get(&server, "account:a").await.is_some());
+                    assert!(get(&server, "account:b").await.is_some());
+                    assert_eq!(LockContext::current().unwrap().key(), "account:b");
+                })
+                .await
+                .unwrap();
+            assert_eq!(get(&server, "account:b").await, None, "inner key released at its end");
+            assert!(get(&server, "account:a").await.is_some(), "outer key still held");
+        })
+        .await
+        .unwrap();
+    assert_eq!(get(&server, "account:a").await, None);
+}
+
+#[tokio::test]
+async fn a_spawned_task_is_another_owner() {
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    locks
+        .run_locked("account:2", opts(5_000), async {
+            let other = tokio::spawn({
+                let locks = locks.clone();
+                async move { locks.run_locked("account:2", opts(5_000), async {}).await }
+            });
+            let outcome = other.await.unwrap();
+            assert!(matches!(outcome, Err(LockError::Busy { .. })), "{outcome:?}");
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn lock_context_describes_the_lease_inside_and_is_absent_outside() {
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    assert!(LockContext::current().is_none());
+    locks
+        .run_locked("account:3", opts(600).max_renewals(5), async {
+            let context = LockContext::current().unwrap();
+            assert_eq!(context.key(), "account:3");
+            assert_eq!(get(&server, "account:3").await.as_deref(), Some(context.token()));
+            assert_eq!(context.fencing_token(), None, "fencing is off by default");
+            assert!(context.time_left() <= Duration::from_millis(600));
+            assert_eq!(context.renewals(), 0);
+            tokio::time::sleep(Duration::from_millis(450)).await;
+            assert!(context.renewals() >= 1, "renewed once a third through");
+        })
+        .await
+        .unwrap();
+}
