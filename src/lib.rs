@@ -1,1 +1,29 @@
 //! Test kit: real `redis-server` processes on free loopback ports, and a TCP fault proxy.
+//!
+//! Lock behaviour depends on what Redis and the network do, so the integration tests run against
+//! real servers rather than mocks: [`RedisServer`] owns one `redis-server` child process (which can
+//! be killed, restarted on the same port, or frozen with `SIGSTOP`), and [`FaultProxy`] sits between
+//! a client and a server to delay, swallow or blackhole traffic, or reset every connection.
+//!
+//! Both are test support: they panic with a message saying what went wrong instead of returning
+//! errors, and both clean up after themselves on drop so that no process or socket outlives a test.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use std::time::Duration;
+//! use testkit::{Fault, FaultProxy, RedisServer};
+//!
+//! let server = RedisServer::start();
+//! let proxy = FaultProxy::start(server.addr()).await;
+//! // Point the code under test at `proxy.url()`, then break the network:
+//! proxy.set(Fault::Delay(Duration::from_millis(200)));
+//! proxy.set(Fault::Blackhole);
+//! proxy.heal();
+//! # }
+//! ```
+
+mod proxy;
+mod server;
+
+pub use proxy::{Fault, FaultProxy};
+pub use server::RedisServer;

@@ -29,7 +29,10 @@ fn default_client_serves_three_runtimes_in_turn() {
                 .await
         });
         let renewals = renewals.unwrap_or_else(|err| panic!("round {round}: {err}"));
-        assert!(renewals >= 1, "round {round}: the watchdog outlives earlier runtimes");
+        assert!(
+            renewals >= 1,
+            "round {round}: the watchdog outlives earlier runtimes"
+        );
         drop(runtime);
     }
 }

@@ -44,7 +44,9 @@ async fn fencing_tokens_keep_increasing_after_redis_loses_the_counter() {
     let options = opts(5_000).fencing(true);
     let fence = || async {
         locks
-            .run_locked("fenced:2", options, async { LockContext::current().unwrap().fencing_token().unwrap() })
+            .run_locked("fenced:2", options, async {
+                LockContext::current().unwrap().fencing_token().unwrap()
+            })
             .await
     };
     let before = fence().await.unwrap();

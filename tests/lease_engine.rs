@@ -21,12 +21,20 @@ async fn busy_key_fails_fast_and_body_never_runs() {
     let ran = AtomicBool::new(false);
     let started = Instant::now();
     let second = locks
-        .run_locked("orders:7", opts(5_000), async { ran.store(true, Ordering::SeqCst) })
+        .run_locked("orders:7", opts(5_000), async {
+            ran.store(true, Ordering::SeqCst)
+        })
         .await;
 
-    assert!(matches!(second, Err(LockError::Busy { ref key }) if key == "orders:7"), "{second:?}");
+    assert!(
+        matches!(second, Err(LockError::Busy { ref key }) if key == "orders:7"),
+        "{second:?}"
+    );
     assert!(!ran.load(Ordering::SeqCst));
-    assert!(started.elapsed() < Duration::from_millis(500), "busy must not wait");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "busy must not wait"
+    );
     held.release().await.unwrap();
 }
 
@@ -47,7 +55,11 @@ async fn key_holds_a_fresh_random_token_with_pttl_within_ttl() {
     first.release().await.unwrap();
 
     let second = locks.acquire("Business1:1024", opts(3_000)).await.unwrap();
-    assert_ne!(second.token(), first_token, "every acquisition gets a new token");
+    assert_ne!(
+        second.token(),
+        first_token,
+        "every acquisition gets a new token"
+    );
     second.release().await.unwrap();
 }
 
@@ -58,13 +70,21 @@ async fn released_before_return_after_ok_and_err() {
 
     let ok = locks.run_locked("jobs:ok", opts(5_000), async { 1 }).await;
     assert_eq!(ok.unwrap(), 1);
-    assert_eq!(get(&server, "jobs:ok").await, None, "released before returning");
+    assert_eq!(
+        get(&server, "jobs:ok").await,
+        None,
+        "released before returning"
+    );
 
     let err = locks
         .run_locked("jobs:err", opts(5_000), async { Err::<(), _>("failed") })
         .await;
     assert_eq!(err.unwrap(), Err("failed"));
-    assert_eq!(get(&server, "jobs:err").await, None, "released before returning");
+    assert_eq!(
+        get(&server, "jobs:err").await,
+        None,
+        "released before returning"
+    );
 }
 
 #[tokio::test]
@@ -107,7 +127,11 @@ async fn released_when_caller_drops_future() {
     assert!(get(&server, "jobs:dropped").await.is_some());
     drop(call);
     key_gone(&server, "jobs:dropped", Duration::from_secs(2)).await;
-    assert_eq!(locks.held_leases(), 0, "deregistered from the renewal queue");
+    assert_eq!(
+        locks.held_leases(),
+        0,
+        "deregistered from the renewal queue"
+    );
 }
 
 #[tokio::test]
@@ -135,7 +159,10 @@ async fn renewals_keep_a_600ms_lease_alive_past_3s() {
         })
         .await
         .unwrap();
-    assert!(renewals >= 5, "3.2 s on a 600 ms lease needs at least 5 renewals, got {renewals}");
+    assert!(
+        renewals >= 5,
+        "3.2 s on a 600 ms lease needs at least 5 renewals, got {renewals}"
+    );
 }
 
 #[tokio::test]
@@ -179,8 +206,15 @@ async fn renewals_exhausted_after_exactly_max_renewals_and_work_dropped() {
     // no sooner than 2 × 200 ms + 600 ms − drift, and (100 ms scans) not much later.
     assert!(elapsed >= Duration::from_millis(980), "{elapsed:?}");
     assert!(elapsed < Duration::from_millis(1_600), "{elapsed:?}");
-    assert!(!finished.load(Ordering::SeqCst), "the work was dropped, not finished");
-    assert_eq!(get(&server, "reports:exhausted").await, None, "released before returning");
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the work was dropped, not finished"
+    );
+    assert_eq!(
+        get(&server, "reports:exhausted").await,
+        None,
+        "released before returning"
+    );
 }
 
 #[tokio::test]
@@ -189,10 +223,24 @@ async fn zero_renewals_means_at_most_one_ttl() {
     let locks = fast_client(&server).await;
     let started = Instant::now();
     let outcome = locks
-        .run_locked("reports:once", opts(500).max_renewals(0), std::future::pending::<()>())
+        .run_locked(
+            "reports:once",
+            opts(500).max_renewals(0),
+            std::future::pending::<()>(),
+        )
         .await;
-    assert!(matches!(outcome, Err(LockError::RenewalsExhausted { renewals: 0, .. })), "{outcome:?}");
-    assert!(started.elapsed() < Duration::from_millis(700), "{:?}", started.elapsed());
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::RenewalsExhausted { renewals: 0, .. })
+        ),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -232,7 +280,10 @@ async fn paused_redis_stops_the_body_at_its_local_deadline() {
         "body must stop by its local deadline (≤ 1 s after the pause), stopped after {stopped_after:?}"
     );
     let outcome = holder.await.unwrap();
-    assert!(matches!(outcome, Err(LockError::Lost { .. })), "{outcome:?}");
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "{outcome:?}"
+    );
 }
 
 /// Sends the instant it is dropped.
@@ -266,8 +317,14 @@ async fn lost_when_key_is_replaced_and_the_new_owner_keeps_it() {
     let mut conn = server.connection().await;
     let _: () = conn.set("pay:2", "someone-else").await.unwrap();
 
-    let outcome = tokio::time::timeout(Duration::from_secs(2), holder).await.unwrap().unwrap();
-    assert!(matches!(outcome, Err(LockError::Lost { ref key }) if key == "pay:2"), "{outcome:?}");
+    let outcome = tokio::time::timeout(Duration::from_secs(2), holder)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Lost { ref key }) if key == "pay:2"),
+        "{outcome:?}"
+    );
     assert_eq!(get(&server, "pay:2").await.as_deref(), Some("someone-else"));
 }
 
@@ -276,14 +333,20 @@ async fn lapsed_holder_never_deletes_the_next_owners_key() {
     // The seed's case 2: A's lease lapses, B takes the lock, then A finishes and releases.
     let server = RedisServer::start();
     let locks = fast_client(&server).await;
-    let a = locks.acquire("stock:9", opts(300).max_renewals(0)).await.unwrap();
+    let a = locks
+        .acquire("stock:9", opts(300).max_renewals(0))
+        .await
+        .unwrap();
     key_gone(&server, "stock:9", Duration::from_secs(2)).await;
     let b = locks.acquire("stock:9", opts(30_000)).await.unwrap();
 
     a.release().await.unwrap();
     assert_eq!(get(&server, "stock:9").await.as_deref(), Some(b.token()));
 
-    let a_again = locks.acquire("stock:10", opts(300).max_renewals(0)).await.unwrap();
+    let a_again = locks
+        .acquire("stock:10", opts(300).max_renewals(0))
+        .await
+        .unwrap();
     key_gone(&server, "stock:10", Duration::from_secs(2)).await;
     let b_again = locks.acquire("stock:10", opts(30_000)).await.unwrap();
     drop(a_again);
@@ -293,7 +356,10 @@ async fn lapsed_holder_never_deletes_the_next_owners_key() {
     let probe = locks.acquire("stock:probe", opts(30_000)).await.unwrap();
     drop(probe);
     key_gone(&server, "stock:probe", Duration::from_secs(2)).await;
-    assert_eq!(get(&server, "stock:10").await.as_deref(), Some(b_again.token()));
+    assert_eq!(
+        get(&server, "stock:10").await.as_deref(),
+        Some(b_again.token())
+    );
 }
 
 #[tokio::test]
@@ -307,7 +373,10 @@ async fn unreachable_redis_is_a_redis_error_in_bounded_time() {
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await;
-    assert!(matches!(connect, Err(LockError::Redis { .. })), "{connect:?}");
+    assert!(
+        matches!(connect, Err(LockError::Redis { .. })),
+        "{connect:?}"
+    );
 
     let locks = LockClient::builder(&url)
         .connect_timeout(Duration::from_millis(500))
@@ -315,18 +384,33 @@ async fn unreachable_redis_is_a_redis_error_in_bounded_time() {
         .unwrap();
     let ran = AtomicBool::new(false);
     let outcome = locks
-        .run_locked("pay:3", opts(1_000), async { ran.store(true, Ordering::SeqCst) })
+        .run_locked("pay:3", opts(1_000), async {
+            ran.store(true, Ordering::SeqCst)
+        })
         .await;
-    assert!(matches!(outcome, Err(LockError::Redis { ref key, .. }) if key.as_deref() == Some("pay:3")), "{outcome:?}");
-    assert!(!ran.load(Ordering::SeqCst), "the body never runs without the lock");
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        matches!(outcome, Err(LockError::Redis { ref key, .. }) if key.as_deref() == Some("pay:3")),
+        "{outcome:?}"
+    );
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the body never runs without the lock"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
 async fn recovers_after_redis_is_killed_and_restarted() {
     let mut server = RedisServer::start();
     let locks = fast_client(&server).await;
-    locks.run_locked("pay:4", opts(1_000), async {}).await.unwrap();
+    locks
+        .run_locked("pay:4", opts(1_000), async {})
+        .await
+        .unwrap();
 
     server.kill();
     let down = locks.run_locked("pay:4", opts(1_000), async {}).await;
@@ -335,7 +419,10 @@ async fn recovers_after_redis_is_killed_and_restarted() {
     server.restart();
     // The first call after the restart may still meet the dead connection; the client reconnects.
     let recovered = eventually(Duration::from_secs(5), "lock works again", || async {
-        locks.run_locked("pay:4", opts(1_000), async {}).await.is_ok()
+        locks
+            .run_locked("pay:4", opts(1_000), async {})
+            .await
+            .is_ok()
     })
     .await;
     assert!(recovered < Duration::from_secs(5));
@@ -378,11 +465,22 @@ async fn a_thousand_one_second_leases_held_for_five_seconds_none_lapses() {
 #[tokio::test]
 async fn password_never_shows_in_debug_or_errors() {
     let server = RedisServer::start();
-    server.command(&["ACL", "SETUSER", "locker", "on", ">s3cret-pw", "~*", "+@all"]);
+    server.command(&[
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">s3cret-pw",
+        "~*",
+        "+@all",
+    ]);
     let url = format!("redis://locker:s3cret-pw@127.0.0.1:{}", server.port());
     let locks = LockClient::connect(&url).await.unwrap();
     assert!(!format!("{locks:?}").contains("s3cret-pw"), "{locks:?}");
-    locks.run_locked("acl:1", opts(1_000), async {}).await.unwrap();
+    locks
+        .run_locked("acl:1", opts(1_000), async {})
+        .await
+        .unwrap();
 
     let wrong = format!("redis://locker:wrong-pw@127.0.0.1:{}", server.port());
     let err = LockClient::connect(&wrong).await.unwrap_err();
@@ -394,18 +492,34 @@ async fn password_never_shows_in_debug_or_errors() {
 
 #[tokio::test]
 async fn malformed_urls_are_config_errors() {
-    for url in ["", "http://127.0.0.1:6379", "redis://127.0.0.1:notaport", "redis://127.0.0.1:1/notadb"] {
+    for url in [
+        "",
+        "http://127.0.0.1:6379",
+        "redis://127.0.0.1:notaport",
+        "redis://127.0.0.1:1/notadb",
+    ] {
         let outcome = LockClient::builder(url).build_lazy();
-        assert!(matches!(outcome, Err(LockError::Config { .. })), "{url}: {outcome:?}");
+        assert!(
+            matches!(outcome, Err(LockError::Config { .. })),
+            "{url}: {outcome:?}"
+        );
     }
 }
 
 #[tokio::test]
 async fn invalid_keys_fail_before_any_io() {
     // No server at all: an I/O attempt would be a Redis error, not InvalidKey.
-    let locks = LockClient::builder("redis://127.0.0.1:1").build_lazy().unwrap();
-    for key in [String::new(), "k".repeat(lockmacro_runtime::MAX_KEY_LEN + 1)] {
+    let locks = LockClient::builder("redis://127.0.0.1:1")
+        .build_lazy()
+        .unwrap();
+    for key in [
+        String::new(),
+        "k".repeat(lockmacro_runtime::MAX_KEY_LEN + 1),
+    ] {
         let outcome = locks.run_locked(key, LockOptions::new(), async {}).await;
-        assert!(matches!(outcome, Err(LockError::InvalidKey { .. })), "{outcome:?}");
+        assert!(
+            matches!(outcome, Err(LockError::InvalidKey { .. })),
+            "{outcome:?}"
+        );
     }
 }

@@ -16,15 +16,25 @@ async fn nested_call_on_the_same_key_reenters_and_only_the_outer_releases() {
         .run_locked("account:1", opts(5_000), async {
             let token = LockContext::current().unwrap().token().to_owned();
             let inner = locks
-                .run_locked("account:1", opts(5_000), async { LockContext::current().unwrap().token().to_owned() })
+                .run_locked("account:1", opts(5_000), async {
+                    LockContext::current().unwrap().token().to_owned()
+                })
                 .await
                 .expect("re-enters instead of failing as busy");
             assert_eq!(inner, token, "the inner call runs under the outer lease");
-            assert_eq!(get(&server, "account:1").await, Some(token), "the inner call does not release");
+            assert_eq!(
+                get(&server, "account:1").await,
+                Some(token),
+                "the inner call does not release"
+            );
         })
         .await;
     outcome.unwrap();
-    assert_eq!(get(&server, "account:1").await, None, "the outer call releases");
+    assert_eq!(
+        get(&server, "account:1").await,
+        None,
+        "the outer call releases"
+    );
 }
 
 #[tokio::test]
@@ -41,8 +51,15 @@ async fn nested_calls_on_different_keys_take_both() {
                 })
                 .await
                 .unwrap();
-            assert_eq!(get(&server, "account:b").await, None, "inner key released at its end");
-            assert!(get(&server, "account:a").await.is_some(), "outer key still held");
+            assert_eq!(
+                get(&server, "account:b").await,
+                None,
+                "inner key released at its end"
+            );
+            assert!(
+                get(&server, "account:a").await.is_some(),
+                "outer key still held"
+            );
         })
         .await
         .unwrap();
@@ -60,7 +77,10 @@ async fn a_spawned_task_is_another_owner() {
                 async move { locks.run_locked("account:2", opts(5_000), async {}).await }
             });
             let outcome = other.await.unwrap();
-            assert!(matches!(outcome, Err(LockError::Busy { .. })), "{outcome:?}");
+            assert!(
+                matches!(outcome, Err(LockError::Busy { .. })),
+                "{outcome:?}"
+            );
         })
         .await
         .unwrap();
@@ -75,7 +95,10 @@ async fn lock_context_describes_the_lease_inside_and_is_absent_outside() {
         .run_locked("account:3", opts(600).max_renewals(5), async {
             let context = LockContext::current().unwrap();
             assert_eq!(context.key(), "account:3");
-            assert_eq!(get(&server, "account:3").await.as_deref(), Some(context.token()));
+            assert_eq!(
+                get(&server, "account:3").await.as_deref(),
+                Some(context.token())
+            );
             assert_eq!(context.fencing_token(), None, "fencing is off by default");
             assert!(context.time_left() <= Duration::from_millis(600));
             assert_eq!(context.renewals(), 0);

@@ -2,8 +2,8 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,12 +22,25 @@ async fn waiter_gives_up_as_busy_when_its_wait_runs_out() {
 
     let started = Instant::now();
     let outcome = locks
-        .run_locked("queue:1", opts(30_000).wait(Duration::from_millis(400)), async {})
+        .run_locked(
+            "queue:1",
+            opts(30_000).wait(Duration::from_millis(400)),
+            async {},
+        )
         .await;
     let waited = started.elapsed();
-    assert!(matches!(outcome, Err(LockError::Busy { .. })), "{outcome:?}");
-    assert!(waited >= Duration::from_millis(400), "gave up early: {waited:?}");
-    assert!(waited < Duration::from_millis(700), "gave up late: {waited:?}");
+    assert!(
+        matches!(outcome, Err(LockError::Busy { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(400),
+        "gave up early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(700),
+        "gave up late: {waited:?}"
+    );
 }
 
 #[tokio::test]
@@ -41,9 +54,13 @@ async fn waiter_is_woken_by_the_release_not_by_the_lease_running_out() {
         let locks = locks.clone();
         async move {
             locks
-                .run_locked("queue:2", opts(30_000).wait(Duration::from_secs(10)), async move {
-                    running_tx.send(Instant::now()).unwrap();
-                })
+                .run_locked(
+                    "queue:2",
+                    opts(30_000).wait(Duration::from_secs(10)),
+                    async move {
+                        running_tx.send(Instant::now()).unwrap();
+                    },
+                )
                 .await
         }
     });
@@ -55,7 +72,10 @@ async fn waiter_is_woken_by_the_release_not_by_the_lease_running_out() {
     waiter.await.unwrap().unwrap();
     // The holder's lease had 30 s left: only the release announcement can wake the waiter this soon.
     let handoff = running_at - released_at;
-    assert!(handoff < Duration::from_millis(250), "handoff took {handoff:?}");
+    assert!(
+        handoff < Duration::from_millis(250),
+        "handoff took {handoff:?}"
+    );
 }
 
 #[tokio::test]
@@ -67,7 +87,9 @@ async fn waiter_takes_over_after_the_holder_process_is_killed() {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert_eq!(line.trim(), "held");
 
     let locks = fast_client(&server).await;
@@ -75,7 +97,11 @@ async fn waiter_takes_over_after_the_holder_process_is_killed() {
         let locks = locks.clone();
         async move {
             locks
-                .run_locked("queue:3", opts(1_000).wait(Duration::from_secs(10)), async { Instant::now() })
+                .run_locked(
+                    "queue:3",
+                    opts(1_000).wait(Duration::from_secs(10)),
+                    async { Instant::now() },
+                )
                 .await
         }
     });
@@ -88,7 +114,10 @@ async fn waiter_takes_over_after_the_holder_process_is_killed() {
     let after = acquired_at - killed_at;
     // A killed holder announces nothing: the waiter wakes when the holder's lease would end
     // (at most one ttl after the kill), plus its 10 % jitter and a round trip.
-    assert!(after <= Duration::from_millis(1_300), "took over {after:?} after the kill");
+    assert!(
+        after <= Duration::from_millis(1_300),
+        "took over {after:?} after the kill"
+    );
 }
 
 #[tokio::test]
@@ -106,15 +135,26 @@ async fn three_processes_times_sixteen_tasks_never_overlap() {
     let mut intervals = Vec::new();
     for worker in workers {
         let output = worker.wait_with_output().unwrap();
-        assert!(output.status.success(), "worker failed: {:?}", output.status);
+        assert!(
+            output.status.success(),
+            "worker failed: {:?}",
+            output.status
+        );
         for line in String::from_utf8(output.stdout).unwrap().lines() {
-            let mut fields = line.split_whitespace().skip(1).map(|n| n.parse::<u128>().unwrap());
+            let mut fields = line
+                .split_whitespace()
+                .skip(1)
+                .map(|n| n.parse::<u128>().unwrap());
             intervals.push((fields.next().unwrap(), fields.next().unwrap()));
         }
     }
     assert_eq!(intervals.len(), 3 * 16 * 10);
     let count = server.command(&["GET", "jepsen:counter"]);
-    assert_eq!(count, redis::Value::BulkString(b"480".to_vec()), "lost updates mean two holders at once");
+    assert_eq!(
+        count,
+        redis::Value::BulkString(b"480".to_vec()),
+        "lost updates mean two holders at once"
+    );
 
     intervals.sort();
     let longest_overlap = intervals
@@ -122,7 +162,10 @@ async fn three_processes_times_sixteen_tasks_never_overlap() {
         .map(|pair| pair[0].1.saturating_sub(pair[1].0))
         .max()
         .unwrap();
-    assert_eq!(longest_overlap, 0, "critical sections overlapped by {longest_overlap} ns");
+    assert_eq!(
+        longest_overlap, 0,
+        "critical sections overlapped by {longest_overlap} ns"
+    );
 }
 
 #[tokio::test]
@@ -138,9 +181,13 @@ async fn a_thousand_waiters_are_served_in_turn_without_stampeding_redis() {
         let (locks, served) = (locks.clone(), served.clone());
         waiters.spawn(async move {
             locks
-                .run_locked("queue:herd", opts(30_000).wait(Duration::from_secs(60)), async {
-                    served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                })
+                .run_locked(
+                    "queue:herd",
+                    opts(30_000).wait(Duration::from_secs(60)),
+                    async {
+                        served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    },
+                )
                 .await
         });
     }
@@ -148,7 +195,10 @@ async fn a_thousand_waiters_are_served_in_turn_without_stampeding_redis() {
     let while_waiting = requests_served(&server) - before;
     // Each waiter looks twice (before and after subscribing), then sleeps on the announcement:
     // the holder's lease has 30 s left, so no fallback timer fires during this second.
-    assert!(while_waiting <= 2 * 1_000 + 50, "{while_waiting} requests while 1 000 waited");
+    assert!(
+        while_waiting <= 2 * 1_000 + 50,
+        "{while_waiting} requests while 1 000 waited"
+    );
 
     holder.release().await.unwrap();
     while let Some(outcome) = waiters.join_next().await {
@@ -156,7 +206,10 @@ async fn a_thousand_waiters_are_served_in_turn_without_stampeding_redis() {
     }
     assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 1_000);
     let per_acquisition = (requests_served(&server) - before) as f64 / 1_000.0;
-    assert!(per_acquisition < 6.0, "{per_acquisition:.1} requests per acquisition");
+    assert!(
+        per_acquisition < 6.0,
+        "{per_acquisition:.1} requests per acquisition"
+    );
 }
 
 /// Requests clients sent (commands inside scripts are not counted: they cost no round trip).
@@ -168,10 +221,22 @@ fn requests_served(server: &RedisServer) -> u64 {
         .unwrap()
         .lines()
         .filter(|line| {
-            ["cmdstat_evalsha:", "cmdstat_script|", "cmdstat_subscribe:", "cmdstat_unsubscribe:"]
-                .iter()
-                .any(|name| line.starts_with(name))
+            [
+                "cmdstat_evalsha:",
+                "cmdstat_script|",
+                "cmdstat_subscribe:",
+                "cmdstat_unsubscribe:",
+            ]
+            .iter()
+            .any(|name| line.starts_with(name))
         })
-        .filter_map(|line| line.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum()
 }

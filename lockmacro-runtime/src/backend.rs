@@ -25,7 +25,6 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
 
-
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
 const EXTEND_CHUNK: usize = 500;
 
@@ -138,13 +137,21 @@ impl Backend {
         request: AcquireRequest<'_>,
         budget: Duration,
     ) -> Result<Acquired, RedisFailure> {
-        let AcquireRequest { key, token, ttl, fencing, want_remaining } = request;
+        let AcquireRequest {
+            key,
+            token,
+            ttl,
+            fencing,
+            want_remaining,
+        } = request;
         if !fencing && !want_remaining {
             let mut cmd = redis::cmd("SET");
             cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
             let reply: Option<redis::Value> = self.query(Request::Cmd(&cmd), budget).await?;
             return Ok(match reply {
-                Some(_) => Acquired::Taken { fencing_token: None },
+                Some(_) => Acquired::Taken {
+                    fencing_token: None,
+                },
                 None => Acquired::Busy { remaining: None },
             });
         }
@@ -189,7 +196,10 @@ impl Backend {
     /// Extends every lease of `batch` whose key still holds its token; one round trip for all.
     /// The answer lists, in order, which were extended.
     pub(crate) async fn extend(&self, batch: &ExtendBatch) -> Result<Vec<bool>, RedisFailure> {
-        let replies: Vec<Vec<i64>> = match self.query(Request::Pipeline(&batch.0), self.response_timeout).await {
+        let replies: Vec<Vec<i64>> = match self
+            .query(Request::Pipeline(&batch.0), self.response_timeout)
+            .await
+        {
             Err(RedisFailure::Redis(err)) if err.kind() == ErrorKind::NoScriptError => {
                 // A restarted or flushed Redis has no scripts: load it, then send the batch again
                 // (a NOSCRIPT reply means none of it ran).
@@ -200,7 +210,8 @@ impl Backend {
                 )
                 .await;
                 self.settle(&lent, loaded, self.response_timeout)?;
-                self.query(Request::Pipeline(&batch.0), self.response_timeout).await?
+                self.query(Request::Pipeline(&batch.0), self.response_timeout)
+                    .await?
             }
             other => other?,
         };
@@ -245,13 +256,16 @@ impl Backend {
 
     /// The current runtime's connection, opened on first use.
     async fn lend(&self) -> Result<Lent, RedisFailure> {
-        let runtime = Handle::try_current().map_err(|_| RedisFailure::NoRuntime)?.id();
+        let runtime = Handle::try_current()
+            .map_err(|_| RedisFailure::NoRuntime)?
+            .id();
         if let Some(lent) = self.cached(runtime) {
             return Ok(lent);
         }
         let opened = tokio::time::timeout(
             self.connect_timeout,
-            self.client.get_multiplexed_async_connection_with_config(&self.config),
+            self.client
+                .get_multiplexed_async_connection_with_config(&self.config),
         )
         .await
         .map_err(|_| RedisFailure::TimedOut(TimedOut(self.connect_timeout)))?
@@ -262,10 +276,13 @@ impl Backend {
             preload.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
         }
         let mut connection = opened.clone();
-        tokio::time::timeout(self.response_timeout, preload.query_async::<()>(&mut connection))
-            .await
-            .map_err(|_| RedisFailure::TimedOut(TimedOut(self.response_timeout)))?
-            .map_err(RedisFailure::Redis)?;
+        tokio::time::timeout(
+            self.response_timeout,
+            preload.query_async::<()>(&mut connection),
+        )
+        .await
+        .map_err(|_| RedisFailure::TimedOut(TimedOut(self.response_timeout)))?
+        .map_err(RedisFailure::Redis)?;
 
         let (runtime_alive, sentinel) = oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -317,7 +334,9 @@ impl RedisFailure {
     /// Whether the command may have reached Redis although no good answer came back.
     pub(crate) fn may_have_landed(&self) -> bool {
         match self {
-            Self::Redis(err) => err.is_io_error() || err.is_connection_dropped() || err.is_timeout(),
+            Self::Redis(err) => {
+                err.is_io_error() || err.is_connection_dropped() || err.is_timeout()
+            }
             Self::TimedOut(_) => true,
             Self::NoRuntime => false,
         }
@@ -351,12 +370,16 @@ enum Request<'a> {
 }
 
 pub(crate) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 impl Backend {
     pub(crate) async fn ping(&self) -> Result<(), RedisFailure> {
-        let _: String = self.query(Request::Cmd(&redis::cmd("PING")), self.response_timeout).await?;
+        let _: String = self
+            .query(Request::Cmd(&redis::cmd("PING")), self.response_timeout)
+            .await?;
         Ok(())
     }
 }
@@ -407,7 +430,10 @@ impl ReleaseFeed {
         use futures_util::StreamExt;
         loop {
             let message = self.stream.next().await?;
-            if let Some(key) = message.get_channel_name().strip_prefix(RELEASE_CHANNEL_PREFIX) {
+            if let Some(key) = message
+                .get_channel_name()
+                .strip_prefix(RELEASE_CHANNEL_PREFIX)
+            {
                 return Some(key.to_owned());
             }
         }

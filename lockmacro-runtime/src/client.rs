@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::backend::millis;
 use crate::backend::{AcquireRequest, Acquired, Backend};
 use crate::context;
 use crate::error::LockError;
 use crate::key::check_key;
-use crate::backend::millis;
 use crate::lease::{Lease, LeaseState, drift};
 use crate::options::LockOptions;
 use crate::renewal::RenewalQueue;
@@ -221,7 +221,10 @@ impl LockClient {
         loop {
             let remaining = match self.try_acquire(key, &options).await? {
                 Attempt::Taken(lease) => return Ok(lease),
-                Attempt::Busy { key: busy, remaining } => {
+                Attempt::Busy {
+                    key: busy,
+                    remaining,
+                } => {
                     key = busy;
                     remaining
                 }
@@ -340,7 +343,9 @@ enum Attempt {
 /// A holder's remaining lease plus up to 10 %, so waiters whose holder died do not all retry at once.
 fn jittered(remaining: Duration) -> Duration {
     use std::hash::{BuildHasher, Hasher};
-    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     let spread = remaining / 10 + Duration::from_millis(1);
     remaining + Duration::from_nanos(random % (spread.as_nanos() as u64).max(1))
 }
@@ -358,7 +363,10 @@ struct PendingAcquire<'a> {
 impl PendingAcquire<'_> {
     fn disarm(&mut self) -> (String, String) {
         self.armed = false;
-        (std::mem::take(&mut self.key), std::mem::take(&mut self.token))
+        (
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        )
     }
 }
 

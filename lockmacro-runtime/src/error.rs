@@ -18,7 +18,9 @@ pub enum LockError {
 
     /// The lease was extended `max_renewals` times and its last lease ran out before the work
     /// finished, so the work was cancelled and the lock released.
-    #[error("lock `{key}` used all {renewals} renewals before the work finished; the work was cancelled")]
+    #[error(
+        "lock `{key}` used all {renewals} renewals before the work finished; the work was cancelled"
+    )]
     RenewalsExhausted {
         /// The Redis key of the lock.
         key: String,

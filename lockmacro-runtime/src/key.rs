@@ -14,7 +14,10 @@ pub(crate) fn prefixed_key(prefix: &str, key: &dyn Display) -> Result<String, Lo
     rendered.push(':');
     // Writing into a String only fails if the Display impl itself reports an error.
     if write!(rendered, "{key}").is_err() {
-        return Err(invalid(&rendered, "its `Display` implementation returned an error"));
+        return Err(invalid(
+            &rendered,
+            "its `Display` implementation returned an error",
+        ));
     }
     if rendered.len() == prefix.len() + 1 {
         return Err(invalid(

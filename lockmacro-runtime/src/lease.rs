@@ -7,8 +7,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -246,7 +246,12 @@ impl Lease {
         if state.is_lost() {
             return Ok(());
         }
-        match self.client.backend().release(&state.key, &state.token).await {
+        match self
+            .client
+            .backend()
+            .release(&state.key, &state.token)
+            .await
+        {
             Ok(true) => {
                 tracing::debug!(key = %state.key, "lock released");
                 Ok(())
@@ -256,9 +261,11 @@ impl Lease {
                 Ok(())
             }
             Err(failure) => {
-                self.client
-                    .renewals()
-                    .release_in_background(state.key.clone(), state.token.clone(), state.ttl);
+                self.client.renewals().release_in_background(
+                    state.key.clone(),
+                    state.token.clone(),
+                    state.ttl,
+                );
                 Err(failure.into_lock_error(Some(&state.key)))
             }
         }

@@ -106,7 +106,6 @@ impl RenewalQueue {
     pub(crate) fn len(&self) -> usize {
         self.shared.lock().len()
     }
-
 }
 
 impl Shared {
@@ -160,7 +159,9 @@ fn scan(shared: &Arc<Shared>, in_flight: &TaskTracker) -> u64 {
         if !lease.renewals_left() || lease.is_lost() || lease.extending.load(Ordering::Acquire) {
             continue;
         }
-        let third = lease.confirmed_sent_at().saturating_add(nanos(lease.ttl / 3));
+        let third = lease
+            .confirmed_sent_at()
+            .saturating_add(nanos(lease.ttl / 3));
         if third <= now {
             lease.extending.store(true, Ordering::Release);
             due.push(lease.clone());
@@ -237,4 +238,3 @@ async fn release_until_settled(backend: Arc<Backend>, key: String, token: String
 fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
-

@@ -13,7 +13,10 @@ use lockmacro_runtime::{LockClient, LockOptions};
 use redis::AsyncCommands;
 
 fn monotonic_ns() -> u128 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `now` is a valid timespec to write into.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     now.tv_sec as u128 * 1_000_000_000 + now.tv_nsec as u128
@@ -33,7 +36,8 @@ async fn main() {
 }
 
 fn parse(arg: &str) -> u64 {
-    arg.parse().unwrap_or_else(|_| panic!("not a number: {arg}"))
+    arg.parse()
+        .unwrap_or_else(|_| panic!("not a number: {arg}"))
 }
 
 async fn count(url: &str, key: &str, tasks: u64, increments: u64) {
@@ -46,7 +50,10 @@ async fn count(url: &str, key: &str, tasks: u64, increments: u64) {
     for task in 0..tasks {
         let (locks, redis, key) = (locks.clone(), redis.clone(), key.to_owned());
         workers.spawn(async move {
-            let mut conn = redis.get_multiplexed_async_connection().await.expect("connect");
+            let mut conn = redis
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
             let counter = format!("{key}:counter");
             let mut intervals = Vec::new();
             for step in 0..increments {
@@ -54,7 +61,8 @@ async fn count(url: &str, key: &str, tasks: u64, increments: u64) {
                     .run_locked(key.clone(), options, async {
                         let start = monotonic_ns();
                         let n: Option<u64> = conn.get(&counter).await.expect("GET");
-                        tokio::time::sleep(Duration::from_micros((task * 7 + step * 13) % 500)).await;
+                        tokio::time::sleep(Duration::from_micros((task * 7 + step * 13) % 500))
+                            .await;
                         let _: () = conn.set(&counter, n.unwrap_or(0) + 1).await.expect("SET");
                         (start, monotonic_ns())
                     })

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test command: every test of the workspace, each behaviour test against its own redis-server.
+#
+# Installs redis-server if it is missing (Debian/Ubuntu). The packaged service is not used: tests
+# start their own servers on free loopback ports and never touch 6379. Extra arguments go to the
+# test runner, e.g. `scripts/test.sh lease_` to run only matching tests.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo "$@"
+    else
+        echo "error: need root (or sudo) to run: $*" >&2
+        exit 1
+    fi
+}
+
+if ! command -v redis-server >/dev/null && [ -z "${REDIS_SERVER_BIN:-}" ]; then
+    echo "==> redis-server not found; installing it with apt-get" >&2
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server </dev/null
+fi
+echo "==> using $("${REDIS_SERVER_BIN:-redis-server}" --version)"
+
+status=0
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --all-features --no-fail-fast "$@" || status=$?
+    # nextest does not run doctests.
+    echo "==> doctests"
+    cargo test --workspace --all-features --doc || status=$?
+else
+    echo "==> cargo-nextest not installed; falling back to cargo test" >&2
+    cargo test --workspace --all-features --no-fail-fast "$@" || status=$?
+fi
+
+if [ "$status" -ne 0 ]; then
+    echo "==> FAILED (exit status $status)" >&2
+fi
+exit "$status"
