@@ -61,6 +61,8 @@ pub struct LockClientBuilder {
     scan_interval: Duration,
     connect_timeout: Duration,
     response_timeout: Duration,
+    #[cfg(feature = "tls")]
+    tls_root_certificate: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for LockClientBuilder {
@@ -94,6 +96,15 @@ impl LockClientBuilder {
         self
     }
 
+    /// Trusts this root certificate (PEM) instead of the system's roots for `rediss://` URLs,
+    /// e.g. a private CA. Verification stays on; to turn it off (tests only), end the URL with
+    /// `#insecure`.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self
+    }
+
     /// Builds the client and checks that Redis answers.
     ///
     /// # Errors
@@ -111,7 +122,7 @@ impl LockClientBuilder {
     /// [`LockError::Config`] for a malformed URL or when the watchdog thread cannot start.
     pub fn build_lazy(self) -> Result<LockClient, LockError> {
         let redacted_url = redact(&self.url);
-        let redis = redis::Client::open(self.url.as_str()).map_err(|err| LockError::Config {
+        let redis = self.redis_client().map_err(|err| LockError::Config {
             message: format!("cannot use `{redacted_url}`: {err}"),
         })?;
         let backend = Arc::new(Backend::new(
@@ -139,6 +150,20 @@ impl LockClientBuilder {
     }
 }
 
+impl LockClientBuilder {
+    fn redis_client(&self) -> redis::RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(root) = &self.tls_root_certificate {
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root.clone()),
+            };
+            return redis::Client::build_with_tls(self.url.as_str(), certificates);
+        }
+        redis::Client::open(self.url.as_str())
+    }
+}
+
 impl LockClient {
     /// Connects with the default settings.
     ///
@@ -156,6 +181,8 @@ impl LockClient {
             scan_interval: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
+            #[cfg(feature = "tls")]
+            tls_root_certificate: None,
         }
     }
 
