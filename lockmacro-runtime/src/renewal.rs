@@ -194,7 +194,10 @@ async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
                     // Its holder has stopped already; nothing to record.
                 } else if extended {
                     let renewals = lease.extended(sent_at);
-                    tracing::info!(key = %lease.key, renewals, max_renewals = ?lease.max_renewals, "lock lease renewed");
+                    let max_renewals = lease
+                        .max_renewals
+                        .map_or("unlimited".into(), |max| max.to_string());
+                    tracing::info!(key = %lease.key, renewals, %max_renewals, "lock lease renewed");
                 } else {
                     tracing::warn!(key = %lease.key, "lock lost: key gone or held by another owner at renewal");
                     lease.mark_lost();

@@ -1,0 +1,68 @@
+//! `#[redis_lock]` on an axum 0.8 handler: one request per user at a time, 409 for the others.
+//!
+//! `REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_handler`, then
+//! `curl -X POST localhost:3000/users/1024/books` twice at once: one 200, one 409 Conflict.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use lockmacro_runtime::{LockClient, LockError, redis_lock};
+
+#[derive(Clone)]
+struct AppState {
+    locks: LockClient,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("user {0} not found")]
+    NotFound(u64),
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        match self {
+            // 409 Conflict when busy, 503 otherwise, with the key in the body.
+            AppError::Lock(lock) => lock.into_response(),
+            AppError::NotFound(_) => (StatusCode::NOT_FOUND, self.to_string()).into_response(),
+        }
+    }
+}
+
+/// Borrows a book for a user. If the client hangs up, axum drops this future and the lock is
+/// released in the background at once.
+#[redis_lock(prefix = "borrow", key = user_id, client = state.locks, ttl = 3)]
+async fn borrow_book(
+    State(state): State<AppState>,
+    Path(user_id): Path<u64>,
+) -> Result<Json<String>, AppError> {
+    if user_id == 0 {
+        return Err(AppError::NotFound(user_id));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // the slow part
+    Ok(Json(format!("book lent to user {user_id}")))
+}
+
+fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/users/{user_id}/books", post(borrow_book))
+        .with_state(state)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let state = AppState {
+        locks: LockClient::connect(&url).await?,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app(state)).await?;
+    Ok(())
+}

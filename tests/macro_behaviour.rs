@@ -1,0 +1,203 @@
+//! `#[redis_lock]` end to end against real redis-server processes: the seed scenario, a method,
+//! and an axum handler.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use common::{get, key_gone};
+use http_body_util::BodyExt;
+use lockmacro_runtime::{LockClient, LockContext, LockError, redis_lock};
+use testkit::RedisServer;
+use tokio::sync::oneshot;
+use tower::ServiceExt;
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("no such user")]
+    NoSuchUser,
+}
+
+struct Library {
+    locks: LockClient,
+    finished: Arc<AtomicBool>,
+}
+
+impl Library {
+    /// The seed's method: 10 s of work under a 600 ms lease renewed at most 3 times.
+    #[redis_lock(prefix = "Business1", key = user_id, ttl = "600ms", max_renewals = 3, client = self.locks)]
+    async fn test_redis_lock(
+        &self,
+        user_id: u64,
+        started: Option<oneshot::Sender<String>>,
+    ) -> Result<String, AppError> {
+        if let Some(started) = started {
+            let _ = started.send(LockContext::current().unwrap().key().to_owned());
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        self.finished.store(true, Ordering::SeqCst);
+        Ok(format!("book for {user_id}"))
+    }
+
+    #[redis_lock(prefix = "Business2", key = user_id, client = self.locks)]
+    async fn lookup(&self, user_id: u64) -> Result<u64, AppError> {
+        if user_id == 0 {
+            return Err(AppError::NoSuchUser);
+        }
+        let doubled = self.double(user_id).await?;
+        Ok(doubled)
+    }
+
+    /// Called from `lookup` on the same key: re-enters.
+    #[redis_lock(prefix = "Business2", key = user_id, client = self.locks)]
+    async fn double(&self, user_id: u64) -> Result<u64, LockError> {
+        Ok(user_id * 2)
+    }
+}
+
+async fn library(server: &RedisServer) -> Library {
+    Library {
+        locks: LockClient::builder(&server.url())
+            .scan_interval(Duration::from_millis(100))
+            .build()
+            .await
+            .unwrap(),
+        finished: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+#[tokio::test]
+async fn seed_scenario_busy_second_call_then_cancelled_after_renewals() {
+    let server = RedisServer::start();
+    let library = Arc::new(library(&server).await);
+    let (started_tx, started) = oneshot::channel();
+    let began = Instant::now();
+    let first = tokio::spawn({
+        let library = library.clone();
+        async move { library.test_redis_lock(1024, Some(started_tx)).await }
+    });
+    assert_eq!(started.await.unwrap(), "Business1:1024");
+    assert!(get(&server, "Business1:1024").await.is_some());
+
+    let second = library.test_redis_lock(1024, None).await;
+    assert!(
+        matches!(second, Err(AppError::Lock(LockError::Busy { ref key })) if key == "Business1:1024"),
+        "{second:?}"
+    );
+
+    let first = first.await.unwrap();
+    assert!(
+        matches!(
+            first,
+            Err(AppError::Lock(LockError::RenewalsExhausted {
+                renewals: 3,
+                ..
+            }))
+        ),
+        "{first:?}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(3),
+        "cancelled after 3 renewals, not after 10 s"
+    );
+    assert!(
+        !library.finished.load(Ordering::SeqCst),
+        "the work was dropped"
+    );
+    assert_eq!(
+        get(&server, "Business1:1024").await,
+        None,
+        "released before returning"
+    );
+}
+
+#[tokio::test]
+async fn method_with_client_from_self_errors_and_reentrant_calls() {
+    let server = RedisServer::start();
+    let library = library(&server).await;
+    assert_eq!(
+        library.lookup(21).await.unwrap(),
+        42,
+        "nested call on the same key re-enters"
+    );
+    assert!(matches!(library.lookup(0).await, Err(AppError::NoSuchUser)));
+    assert_eq!(
+        get(&server, "Business2:0").await,
+        None,
+        "released after the early return"
+    );
+    assert_eq!(get(&server, "Business2:21").await, None);
+}
+
+#[derive(Clone)]
+struct AppState {
+    locks: LockClient,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+#[redis_lock(prefix = "borrow", key = user_id, client = state.locks, ttl = 5)]
+async fn borrow_book(
+    State(state): State<AppState>,
+    Path(user_id): Path<u64>,
+) -> Result<Json<String>, LockError> {
+    state.entered.notify_one();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(Json(format!("book lent to {user_id}")))
+}
+
+#[tokio::test]
+async fn axum_handler_answers_409_while_a_first_request_holds_the_key() {
+    let server = RedisServer::start();
+    let state = AppState {
+        locks: LockClient::connect(&server.url()).await.unwrap(),
+        entered: Arc::new(tokio::sync::Notify::new()),
+    };
+    let app = Router::new()
+        .route("/users/{user_id}/books", post(borrow_book))
+        .with_state(state.clone());
+    let request = || {
+        Request::post("/users/1024/books")
+            .body(Body::empty())
+            .unwrap()
+    };
+
+    let first = tokio::spawn(app.clone().oneshot(request()));
+    state.entered.notified().await;
+    let second = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::CONFLICT);
+    let body = second.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains("borrow:1024"),
+        "the body names the key"
+    );
+
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(get(&server, "borrow:1024").await, None);
+}
+
+#[tokio::test]
+async fn axum_handler_dropped_by_a_hung_up_client_releases_the_lock() {
+    let server = RedisServer::start();
+    let state = AppState {
+        locks: LockClient::connect(&server.url()).await.unwrap(),
+        entered: Arc::new(tokio::sync::Notify::new()),
+    };
+    let app = Router::new()
+        .route("/users/{user_id}/books", post(borrow_book))
+        .with_state(state.clone());
+    let call =
+        tokio::spawn(app.oneshot(Request::post("/users/7/books").body(Body::empty()).unwrap()));
+    state.entered.notified().await;
+    call.abort(); // what axum does when the client hangs up: the handler future is dropped
+    key_gone(&server, "borrow:7", Duration::from_secs(2)).await;
+}
