@@ -92,7 +92,8 @@ pub(crate) struct Backend {
 
 struct RuntimeConnection {
     runtime: RuntimeId,
-    /// Closed once the runtime is gone: a sentinel task on that runtime holds the receiver.
+    /// Closed once the runtime is gone: a sentinel task on that runtime holds the receiver
+    /// (and ends when this sender is dropped, so it never outlives the connection).
     runtime_alive: oneshot::Sender<()>,
     connection: MultiplexedConnection,
     generation: u64,
@@ -285,9 +286,9 @@ impl Backend {
         .map_err(RedisFailure::Redis)?;
 
         let (runtime_alive, sentinel) = oneshot::channel::<()>();
+        // Lives until this runtime shuts down (closing `runtime_alive`) or the entry is dropped.
         tokio::spawn(async move {
-            let _sentinel = sentinel;
-            std::future::pending::<()>().await
+            let _ = sentinel.await;
         });
         static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
