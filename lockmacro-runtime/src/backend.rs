@@ -148,13 +148,22 @@ impl Backend {
         if !fencing && !want_remaining {
             let mut cmd = redis::cmd("SET");
             cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
-            let reply: Option<redis::Value> = self.query(Request::Cmd(&cmd), budget).await?;
-            return Ok(match reply {
-                Some(_) => Acquired::Taken {
+            let reply: redis::Value = self.query(Request::Cmd(&cmd), budget).await?;
+            return match reply {
+                redis::Value::Okay => Ok(Acquired::Taken {
                     fencing_token: None,
-                },
-                None => Acquired::Busy { remaining: None },
-            });
+                }),
+                redis::Value::Nil => Ok(Acquired::Busy { remaining: None }),
+                // Only a connection out of step with its replies answers SET NX otherwise.
+                other => {
+                    self.invalidate_all();
+                    Err(RedisFailure::Redis(RedisError::from((
+                        ErrorKind::TypeError,
+                        "unexpected reply to SET NX",
+                        format!("{other:?}"),
+                    ))))
+                }
+            };
         }
         let mut invocation = ACQUIRE.prepare_invoke();
         invocation.key(key);
@@ -245,13 +254,21 @@ impl Backend {
         match reply {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
-                if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+                if err.is_io_error()
+                    || err.is_connection_dropped()
+                    || err.is_unrecoverable_error()
+                    || err.is_timeout()
                 {
                     self.invalidate(lent.generation);
                 }
                 Err(RedisFailure::Redis(err))
             }
-            Err(_) => Err(RedisFailure::TimedOut(TimedOut(budget))),
+            Err(_) => {
+                // The request keeps its place in the multiplexed connection's reply queue: if its
+                // reply never comes, that place takes the next request's reply. Never lend it again.
+                self.invalidate(lent.generation);
+                Err(RedisFailure::TimedOut(TimedOut(budget)))
+            }
         }
     }
 
@@ -315,6 +332,13 @@ impl Backend {
                 connection: c.connection.clone(),
                 generation: c.generation,
             })
+    }
+
+    fn invalidate_all(&self) {
+        self.by_runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     fn invalidate(&self, generation: u64) {

@@ -125,6 +125,11 @@ impl LockClientBuilder {
         let redis = self.redis_client().map_err(|err| LockError::Config {
             message: format!("cannot use `{redacted_url}`: {err}"),
         })?;
+        if redis.get_connection_info().redis.db < 0 {
+            return Err(LockError::Config {
+                message: format!("cannot use `{redacted_url}`: a database index is never negative"),
+            });
+        }
         let backend = Arc::new(Backend::new(
             redis,
             self.connect_timeout,

@@ -53,6 +53,8 @@ pub(crate) struct LeaseState {
     pub(crate) extending: AtomicBool,
     /// An extension found the key gone or holding another token.
     lost: AtomicBool,
+    /// The guard is gone: an extension still in flight has nothing to report to.
+    finished: AtomicBool,
     /// Cancelled when the lease is lost; the holder's work stops at its next `.await`.
     pub(crate) cancel: CancellationToken,
 }
@@ -79,6 +81,7 @@ impl LeaseState {
             renewals: AtomicU32::new(0),
             extending: AtomicBool::new(false),
             lost: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
             cancel: CancellationToken::new(),
         }
     }
@@ -112,6 +115,14 @@ impl LeaseState {
     pub(crate) fn extended(&self, sent_at: u64) -> u32 {
         self.confirmed_sent_at.fetch_max(sent_at, Ordering::AcqRel);
         self.renewals.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    pub(crate) fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
     }
 
     /// The key was found gone or replaced: stop the work now.

@@ -87,8 +87,7 @@ impl RenewalQueue {
     /// wire cannot re-create a released key: extensions only touch keys that hold our token.
     pub(crate) fn deregister(&self, id: u64) {
         if let Some(lease) = self.shared.lock().remove(&id) {
-            // Marks it finished for an extension already in flight.
-            lease.cancel.cancel();
+            lease.finish();
         }
     }
 
@@ -114,15 +113,24 @@ impl Shared {
     }
 }
 
-/// The wake-up a lease needs of its own: at its third, when half its ttl would pass before `next_scan`.
+/// The wake-up a lease needs of its own: at its third, when half its ttl would pass before
+/// `next_scan`. Rounded up to a grid of at most ttl/12 (so still well before half), so that
+/// leases taken at about the same time share wake-ups and one pipelined round trip.
 fn own_wake_up(lease: &LeaseState, next_scan: u64) -> Option<u64> {
     if !lease.renewals_left() {
         return None;
     }
     let sent = lease.confirmed_sent_at();
     let half = sent.saturating_add(nanos(lease.ttl / 2));
-    (half < next_scan).then(|| sent.saturating_add(nanos(lease.ttl / 3)))
+    (half < next_scan).then(|| {
+        let third = sent.saturating_add(nanos(lease.ttl / 3));
+        let grid = nanos((lease.ttl / 12).min(WAKE_GRID)).max(1);
+        third.div_ceil(grid).saturating_mul(grid)
+    })
 }
+
+/// The coarsest grid own wake-ups are rounded up to.
+const WAKE_GRID: Duration = Duration::from_millis(50);
 
 async fn watch(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let in_flight = TaskTracker::new();
@@ -190,7 +198,7 @@ async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
     match shared.backend.extend(&batch).await {
         Ok(extended) => {
             for (lease, extended) in due.iter().zip(extended) {
-                if lease.cancel.is_cancelled() {
+                if lease.is_finished() || lease.is_lost() {
                     // Its holder has stopped already; nothing to record.
                 } else if extended {
                     let renewals = lease.extended(sent_at);
@@ -213,7 +221,15 @@ async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
         lease.extending.store(false, Ordering::Release);
     }
     // Short leases need their next own wake-up computed from the new send time.
-    shared.wake.notify_one();
+    let planned = shared.planned_wake.load(Ordering::Acquire);
+    let next_scan = shared.next_scan.load(Ordering::Acquire);
+    if due
+        .iter()
+        .filter_map(|lease| own_wake_up(lease, next_scan))
+        .any(|own| own < planned)
+    {
+        shared.wake.notify_one();
+    }
 }
 
 /// Retries the compare-and-delete until it is confirmed or the lease would have expired anyway.

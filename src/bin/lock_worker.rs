@@ -6,10 +6,17 @@
 //!
 //! `lock_worker hold URL KEY TTL_MS`: takes `KEY` with unlimited renewals, prints `held`, and
 //! holds it until killed.
+//!
+//! `lock_worker ticker URL KEY TTL_MS`: runs a body under `run_locked` (unlimited renewals,
+//! fencing on) that prints `fence F`, then forever writes through a fencing-checked storage
+//! script and prints `tick N MONOTONIC_NS accepted|rejected` every 20 ms. When the call ends it
+//! prints `outcome MONOTONIC_NS ok|lost|exhausted|busy|redis|other`, then, as a buggy holder that
+//! ignores the outcome would, writes once more with its old fencing token and prints
+//! `stale-write accepted|rejected`.
 
 use std::time::Duration;
 
-use lockmacro_runtime::{LockClient, LockOptions};
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
 use redis::AsyncCommands;
 
 fn monotonic_ns() -> u128 {
@@ -28,8 +35,11 @@ async fn main() {
     match args.get(1).map(String::as_str) {
         Some("count") => count(&args[2], &args[3], parse(&args[4]), parse(&args[5])).await,
         Some("hold") => hold(&args[2], &args[3], parse(&args[4])).await,
+        Some("ticker") => ticker(&args[2], &args[3], parse(&args[4])).await,
         _ => {
-            eprintln!("usage: lock_worker count URL KEY TASKS INCREMENTS | hold URL KEY TTL_MS");
+            eprintln!(
+                "usage: lock_worker count URL KEY TASKS INCREMENTS | hold URL KEY TTL_MS | ticker URL KEY TTL_MS"
+            );
             std::process::exit(2);
         }
     }
@@ -88,4 +98,82 @@ async fn hold(url: &str, key: &str, ttl_ms: u64) {
     let _lease = locks.acquire(key, options).await.expect("acquire");
     println!("held");
     std::future::pending::<()>().await;
+}
+
+/// Storage that honours fencing tokens (the same script as `FENCED_WRITE_LUA` in tests/common).
+const FENCED_WRITE_LUA: &str = r"
+local seen = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < seen then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+";
+
+async fn fenced_write(
+    conn: &mut redis::aio::MultiplexedConnection,
+    data: &str,
+    fence: u64,
+    value: &str,
+) -> &'static str {
+    let accepted: i64 = redis::Script::new(FENCED_WRITE_LUA)
+        .key(data)
+        .key(format!("{data}:fence"))
+        .arg(fence.to_string())
+        .arg(value)
+        .invoke_async(conn)
+        .await
+        .expect("fenced write");
+    if accepted == 1 {
+        "accepted"
+    } else {
+        "rejected"
+    }
+}
+
+async fn ticker(url: &str, key: &str, ttl_ms: u64) {
+    let locks = LockClient::builder(url)
+        .scan_interval(Duration::from_millis(50))
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect");
+    let mut conn = redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let data = format!("{key}:data");
+    let options = LockOptions::new()
+        .ttl(Duration::from_millis(ttl_ms))
+        .unlimited_renewals()
+        .fencing(true);
+    let fence = std::sync::atomic::AtomicU64::new(0);
+    let outcome = locks
+        .run_locked(key, options, async {
+            let mine = LockContext::current()
+                .and_then(|lock| lock.fencing_token())
+                .expect("fencing token");
+            fence.store(mine, std::sync::atomic::Ordering::SeqCst);
+            println!("fence {mine}");
+            for n in 0u64.. {
+                let written = fenced_write(&mut conn, &data, mine, &format!("tick {n}")).await;
+                println!("tick {n} {} {written}", monotonic_ns());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    let outcome = match outcome {
+        Ok(()) => "ok",
+        Err(LockError::Lost { .. }) => "lost",
+        Err(LockError::RenewalsExhausted { .. }) => "exhausted",
+        Err(LockError::Busy { .. }) => "busy",
+        Err(LockError::Redis { .. }) => "redis",
+        Err(_) => "other",
+    };
+    println!("outcome {} {outcome}", monotonic_ns());
+    let fence = fence.load(std::sync::atomic::Ordering::SeqCst);
+    let stale = fenced_write(&mut conn, &data, fence, "stale").await;
+    println!("stale-write {stale}");
 }

@@ -1,0 +1,132 @@
+//! The lockmacro benchmark (issue 6): `cargo bench --bench lock_bench`.
+//!
+//! Absolute times drift from run to run on a shared machine, so every goal is a ratio measured
+//! in one run: each workload starts its own `redis-server` on a free loopback port, warms up,
+//! and interleaves the systems it compares (A B A B …) over several repetitions; the figures are
+//! the medians. It prints a markdown table, and writes `docs/bench/results.json` and
+//! `docs/bench/handoff.svg`.
+//!
+//! | workload | what | where |
+//! |---|---|---|
+//! | W0 | the floor: raw redis-rs, `SET NX PX` + compare-and-delete `EVALSHA` | [`floor`] |
+//! | W1 | one task, its own key: the macro, `run_locked`, rslock, vs the floor | [`uncontended`] |
+//! | W2 | 64 tasks, a key each: total throughput vs the pipelined floor | [`uncontended`] |
+//! | W3 | 16 tasks, one key, waiting: throughput, fairness, handoff latency | [`contended`] |
+//! | W4 | 10 000 leases renewed for 20 s: requests, CPU, memory, lapses | [`renewal`] |
+//!
+//! `cargo bench --bench lock_bench -- W3 W4` runs only the workloads named (W0 runs with W1 and
+//! W2), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
+//! only whole runs.
+
+mod contended;
+mod floor;
+mod measure;
+mod relay;
+mod renewal;
+mod report;
+mod uncontended;
+
+use std::path::Path;
+use std::time::Instant;
+
+use report::Report;
+
+fn main() {
+    let began = Instant::now();
+    let mut report = Report::default();
+    describe_machine(&mut report);
+    // cargo passes `--bench` to a harness-less bench; anything else names workloads to run.
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with("--"))
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        for (name, workload) in [
+            ("W1", Workload::SingleTask),
+            ("W2", Workload::ManyTasks),
+            ("W3", Workload::Contended),
+            ("W4", Workload::Renewal),
+        ] {
+            if !wanted.is_empty() && !wanted.iter().any(|w| w.eq_ignore_ascii_case(name)) {
+                continue;
+            }
+            let started = Instant::now();
+            workload.run(&mut report).await;
+            eprintln!("{name} done in {:.1} s", started.elapsed().as_secs_f64());
+        }
+    });
+    report.note(format!(
+        "Medians of {} interleaved repetitions; whole run {:.0} s; load average after: {}.",
+        measure::REPS,
+        began.elapsed().as_secs_f64(),
+        load_average()
+    ));
+    report.note(
+        "Redis requests count what clients send (script calls, direct SETs, subscriptions, \
+         pings), not the commands scripts run inside Redis, which INFO commandstats also counts.",
+    );
+    print!("{}", report.markdown());
+    if !wanted.is_empty() {
+        return;
+    }
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench");
+    match report.write(&out) {
+        Ok((json, svg)) => eprintln!("wrote {} and {}", json.display(), svg.display()),
+        Err(err) => {
+            eprintln!("cannot write the results under {}: {err}", out.display());
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The workloads, in the order they run.
+#[derive(Clone, Copy)]
+enum Workload {
+    SingleTask,
+    ManyTasks,
+    Contended,
+    Renewal,
+}
+
+impl Workload {
+    async fn run(self, report: &mut Report) {
+        match self {
+            Self::SingleTask => uncontended::single_task(report).await,
+            Self::ManyTasks => uncontended::many_tasks(report).await,
+            Self::Contended => contended::contended(report).await,
+            Self::Renewal => renewal::renewal(report).await,
+        }
+    }
+}
+
+/// The machine the figures come from: CPU model and count, Redis version, load before the run.
+fn describe_machine(report: &mut Report) {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("model name")?.split_once(':'))
+        .map_or("unknown CPU".to_owned(), |(_, model)| {
+            model.trim().to_owned()
+        });
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let redis = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_else(|_| "redis-server not found".into());
+    report
+        .machine
+        .push(("cpu", format!("{model}, {cores} cores")));
+    report.machine.push(("redis", redis));
+    report.machine.push(("load average before", load_average()));
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
