@@ -114,8 +114,8 @@ impl Shared {
 }
 
 /// The wake-up a lease needs of its own: at its third, when half its ttl would pass before
-/// `next_scan`. Rounded up to a grid of at most ttl/12 (so still well before half), so that
-/// leases taken at about the same time share wake-ups and one pipelined round trip.
+/// `next_scan`. Rounded up to a grid of ttl/12 (so still well before half), so that leases of
+/// one ttl taken at about the same time share wake-ups and one pipelined round trip.
 fn own_wake_up(lease: &LeaseState, next_scan: u64) -> Option<u64> {
     if !lease.renewals_left() {
         return None;
@@ -124,13 +124,10 @@ fn own_wake_up(lease: &LeaseState, next_scan: u64) -> Option<u64> {
     let half = sent.saturating_add(nanos(lease.ttl / 2));
     (half < next_scan).then(|| {
         let third = sent.saturating_add(nanos(lease.ttl / 3));
-        let grid = nanos((lease.ttl / 12).min(WAKE_GRID)).max(1);
+        let grid = nanos(lease.ttl / 12).max(1);
         third.div_ceil(grid).saturating_mul(grid)
     })
 }
-
-/// The coarsest grid own wake-ups are rounded up to.
-const WAKE_GRID: Duration = Duration::from_millis(50);
 
 async fn watch(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let in_flight = TaskTracker::new();
