@@ -4,22 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null; then
-        sudo "$@"
-    else
-        echo "error: need root (or sudo) to run: $*" >&2
-        exit 1
-    fi
-}
-
-if ! command -v redis-server >/dev/null; then
-    echo "==> redis-server not found; installing it with apt-get" >&2
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server </dev/null
-fi
+source scripts/ensure-redis-server.sh
 
 # Whether a Redis at URL $1 answers PING within a second or two.
 answers_ping() {

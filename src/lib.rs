@@ -22,8 +22,10 @@
 //! # }
 //! ```
 
+mod fenced_storage;
 mod proxy;
 mod server;
 
+pub use fenced_storage::fenced_write;
 pub use proxy::{Fault, FaultProxy};
 pub use server::RedisServer;

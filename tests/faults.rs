@@ -396,23 +396,7 @@ async fn reply_later_than_the_ttl_means_not_acquired_and_our_key_is_removed() {
     .await;
     proxy.heal();
     // Retry on the healed link: our own leftover must never make us wait as if another held it.
-    let busy = std::cell::Cell::new(0);
-    let retried = eventually(
-        Duration::from_secs(2),
-        "retry after heal succeeds",
-        || async {
-            match locks.run_locked(key, opts(1_000), async {}).await {
-                Ok(()) => true,
-                Err(LockError::Busy { .. }) => {
-                    busy.set(busy.get() + 1);
-                    false
-                }
-                Err(_) => false,
-            }
-        },
-    )
-    .await;
-    let busy = busy.get();
+    let (retried, busy) = retry_until_taken(&locks, key, Duration::from_secs(2)).await;
     eprintln!(
         "reply later than ttl: error after {failed_after:?}; our late key removed {gone_after:?} after that; retry succeeded {retried:?} after heal, busy answers: {busy}"
     );
@@ -458,23 +442,7 @@ async fn acquire_whose_reply_was_lost_is_an_error_and_our_key_is_released_in_the
     );
 
     proxy.heal();
-    let busy = std::cell::Cell::new(0);
-    let retried = eventually(
-        Duration::from_secs(3),
-        "same client acquires after heal",
-        || async {
-            match locks.run_locked(key, opts(1_000), async {}).await {
-                Ok(()) => true,
-                Err(LockError::Busy { .. }) => {
-                    busy.set(busy.get() + 1);
-                    false
-                }
-                Err(_) => false,
-            }
-        },
-    )
-    .await;
-    let busy = busy.get();
+    let (retried, busy) = retry_until_taken(&locks, key, Duration::from_secs(3)).await;
     eprintln!(
         "lost acquire reply: our key removed {gone_after:?} after the error (ttl {TTL:?}), retry succeeded {retried:?} after heal, busy answers: {busy}"
     );
@@ -1056,4 +1024,22 @@ async fn ten_thousand_leases_for_twenty_seconds_none_lapses() {
     assert!(mean_renewals >= 15.0, "{mean_renewals}");
     assert!(per_lease < 16.0, "{per_lease:.2} KiB per lease");
     assert_clean(&server, &locks, "load:*").await;
+}
+
+/// Retries taking `key` until it works (within `within`); returns how long that took and how
+/// many attempts were answered `Busy`.
+async fn retry_until_taken(locks: &LockClient, key: &str, within: Duration) -> (Duration, u32) {
+    let busy = std::cell::Cell::new(0);
+    let took = eventually(within, "the client takes the key again", || async {
+        match locks.run_locked(key, opts(1_000), async {}).await {
+            Ok(()) => true,
+            Err(LockError::Busy { .. }) => {
+                busy.set(busy.get() + 1);
+                false
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    (took, busy.get())
 }

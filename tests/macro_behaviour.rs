@@ -154,9 +154,8 @@ async fn borrow_book(
     Ok(Json(format!("book lent to {user_id}")))
 }
 
-#[tokio::test]
-async fn axum_handler_answers_409_while_a_first_request_holds_the_key() {
-    let server = RedisServer::start();
+/// The router with `borrow_book`, and its state to watch the handler through.
+async fn library_app(server: &RedisServer) -> (AppState, Router) {
     let state = AppState {
         locks: LockClient::connect(&server.url()).await.unwrap(),
         entered: Arc::new(tokio::sync::Notify::new()),
@@ -164,6 +163,13 @@ async fn axum_handler_answers_409_while_a_first_request_holds_the_key() {
     let app = Router::new()
         .route("/users/{user_id}/books", post(borrow_book))
         .with_state(state.clone());
+    (state, app)
+}
+
+#[tokio::test]
+async fn axum_handler_answers_409_while_a_first_request_holds_the_key() {
+    let server = RedisServer::start();
+    let (state, app) = library_app(&server).await;
     let request = || {
         Request::post("/users/1024/books")
             .body(Body::empty())
@@ -188,13 +194,7 @@ async fn axum_handler_answers_409_while_a_first_request_holds_the_key() {
 #[tokio::test]
 async fn axum_handler_dropped_by_a_hung_up_client_releases_the_lock() {
     let server = RedisServer::start();
-    let state = AppState {
-        locks: LockClient::connect(&server.url()).await.unwrap(),
-        entered: Arc::new(tokio::sync::Notify::new()),
-    };
-    let app = Router::new()
-        .route("/users/{user_id}/books", post(borrow_book))
-        .with_state(state.clone());
+    let (state, app) = library_app(&server).await;
     let call =
         tokio::spawn(app.oneshot(Request::post("/users/7/books").body(Body::empty()).unwrap()));
     state.entered.notified().await;

@@ -100,32 +100,14 @@ async fn hold(url: &str, key: &str, ttl_ms: u64) {
     std::future::pending::<()>().await;
 }
 
-/// Storage that honours fencing tokens (the same script as `FENCED_WRITE_LUA` in tests/common).
-const FENCED_WRITE_LUA: &str = r"
-local seen = tonumber(redis.call('GET', KEYS[2]) or '0')
-if tonumber(ARGV[1]) < seen then
-  return 0
-end
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[1], ARGV[2])
-return 1
-";
-
+/// The fencing-checked storage's verdict, as the worker prints it.
 async fn fenced_write(
     conn: &mut redis::aio::MultiplexedConnection,
     data: &str,
     fence: u64,
     value: &str,
 ) -> &'static str {
-    let accepted: i64 = redis::Script::new(FENCED_WRITE_LUA)
-        .key(data)
-        .key(format!("{data}:fence"))
-        .arg(fence.to_string())
-        .arg(value)
-        .invoke_async(conn)
-        .await
-        .expect("fenced write");
-    if accepted == 1 {
+    if testkit::fenced_write(conn, data, fence, value).await {
         "accepted"
     } else {
         "rejected"
