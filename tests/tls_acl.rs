@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{assert_clean, opts};
+use common::{assert_clean, opts, waiter_subscribed};
 use lockmacro_runtime::{LockClient, LockContext, LockError};
 use testkit::RedisServer;
 
@@ -177,7 +177,7 @@ async fn lock_round_trip(locks: &LockClient, server: &RedisServer, key: &str) {
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiter_subscribed(server, key).await;
     held.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(2), waiter)
         .await

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fast_client, opts};
+use common::{fast_client, opts, waiter_subscribed};
 use lockmacro_runtime::{LockClient, LockError};
 use testkit::RedisServer;
 use tokio::sync::oneshot;
@@ -64,8 +64,7 @@ async fn waiter_is_woken_by_the_release_not_by_the_lease_running_out() {
                 .await
         }
     });
-    // Let the waiter find the lock busy and subscribe; it then sleeps on the announcement.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiter_subscribed(&server, "queue:2").await;
     let released_at = Instant::now();
     holder.release().await.unwrap();
     let running_at = running.await.unwrap();
@@ -105,7 +104,7 @@ async fn waiter_takes_over_after_the_holder_process_is_killed() {
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiter_subscribed(&server, "queue:3").await;
     let killed_at = Instant::now();
     holder.kill().unwrap();
     holder.wait().unwrap();

@@ -148,22 +148,14 @@ impl Backend {
         if !fencing && !want_remaining {
             let mut cmd = redis::cmd("SET");
             cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
-            let reply: redis::Value = self.query(Request::Cmd(&cmd), budget).await?;
-            return match reply {
-                redis::Value::Okay => Ok(Acquired::Taken {
+            let SetNx(taken) = self.query(Request::Cmd(&cmd), budget).await?;
+            return Ok(if taken {
+                Acquired::Taken {
                     fencing_token: None,
-                }),
-                redis::Value::Nil => Ok(Acquired::Busy { remaining: None }),
-                // Only a connection out of step with its replies answers SET NX otherwise.
-                other => {
-                    self.invalidate_all();
-                    Err(RedisFailure::Redis(RedisError::from((
-                        ErrorKind::TypeError,
-                        "unexpected reply to SET NX",
-                        format!("{other:?}"),
-                    ))))
                 }
-            };
+            } else {
+                Acquired::Busy { remaining: None }
+            });
         }
         let mut invocation = ACQUIRE.prepare_invoke();
         invocation.key(key);
@@ -171,13 +163,7 @@ impl Backend {
             invocation.key(fencing_counter(key));
         }
         invocation.arg(token).arg(millis(ttl));
-        let mut lent = self.lend().await?;
-        let reply = tokio::time::timeout(
-            budget,
-            invocation.invoke_async::<(i64, i64)>(&mut lent.connection),
-        )
-        .await;
-        let (taken, value) = self.settle(&lent, reply, budget)?;
+        let (taken, value): (i64, i64) = self.query(Request::Script(&invocation), budget).await?;
         Ok(if taken == 1 {
             Acquired::Taken {
                 fencing_token: fencing.then_some(value.max(0) as u64),
@@ -193,14 +179,17 @@ impl Backend {
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<bool, RedisFailure> {
         let mut invocation = RELEASE.prepare_invoke();
         invocation.key(key).arg(token);
-        let mut lent = self.lend().await?;
-        let reply = tokio::time::timeout(
-            self.response_timeout,
-            invocation.invoke_async::<i64>(&mut lent.connection),
-        )
-        .await;
-        self.settle(&lent, reply, self.response_timeout)
-            .map(|deleted| deleted == 1)
+        let deleted: i64 = self
+            .query(Request::Script(&invocation), self.response_timeout)
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    pub(crate) async fn ping(&self) -> Result<(), RedisFailure> {
+        let _: String = self
+            .query(Request::Cmd(&redis::cmd("PING")), self.response_timeout)
+            .await?;
+        Ok(())
     }
 
     /// Extends every lease of `batch` whose key still holds its token; one round trip for all.
@@ -213,13 +202,11 @@ impl Backend {
             Err(RedisFailure::Redis(err)) if err.kind() == ErrorKind::NoScriptError => {
                 // A restarted or flushed Redis has no scripts: load it, then send the batch again
                 // (a NOSCRIPT reply means none of it ran).
-                let mut lent = self.lend().await?;
-                let loaded = tokio::time::timeout(
-                    self.response_timeout,
-                    EXTEND.load_async(&mut lent.connection),
-                )
-                .await;
-                self.settle(&lent, loaded, self.response_timeout)?;
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(EXTEND_LUA);
+                let _: String = self
+                    .query(Request::Cmd(&load), self.response_timeout)
+                    .await?;
                 self.query(Request::Pipeline(&batch.0), self.response_timeout)
                     .await?
             }
@@ -240,6 +227,9 @@ impl Backend {
             Request::Pipeline(pipe) => {
                 tokio::time::timeout(budget, pipe.query_async(connection)).await
             }
+            Request::Script(script) => {
+                tokio::time::timeout(budget, script.invoke_async(connection)).await
+            }
         };
         self.settle(&lent, reply, budget)
     }
@@ -254,10 +244,12 @@ impl Backend {
         match reply {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
+                // A reply of the wrong shape means replies and requests are out of step.
                 if err.is_io_error()
                     || err.is_connection_dropped()
                     || err.is_unrecoverable_error()
                     || err.is_timeout()
+                    || err.kind() == ErrorKind::TypeError
                 {
                     self.invalidate(lent.generation);
                 }
@@ -334,13 +326,6 @@ impl Backend {
             })
     }
 
-    fn invalidate_all(&self) {
-        self.by_runtime
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-    }
-
     fn invalidate(&self, generation: u64) {
         let mut by_runtime = self.by_runtime.lock().unwrap_or_else(|e| e.into_inner());
         by_runtime.retain(|c| c.generation != generation);
@@ -388,25 +373,35 @@ impl std::fmt::Display for RedisFailure {
     }
 }
 
-/// A command or a pipeline.
+/// A command, a pipeline, or a script call (which reloads the script after `NOSCRIPT`).
 enum Request<'a> {
     Cmd(&'a redis::Cmd),
     Pipeline(&'a redis::Pipeline),
+    Script(&'a redis::ScriptInvocation<'a>),
+}
+
+/// The reply to `SET NX`: `OK` when set, nil when the key exists. Anything else is a `TypeError`,
+/// so the connection that produced it is dropped.
+struct SetNx(bool);
+
+impl redis::FromRedisValue for SetNx {
+    fn from_redis_value(value: &redis::Value) -> redis::RedisResult<Self> {
+        match value {
+            redis::Value::Okay => Ok(Self(true)),
+            redis::Value::Nil => Ok(Self(false)),
+            other => Err(RedisError::from((
+                ErrorKind::TypeError,
+                "unexpected reply to SET NX",
+                format!("{other:?}"),
+            ))),
+        }
+    }
 }
 
 pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
-}
-
-impl Backend {
-    pub(crate) async fn ping(&self) -> Result<(), RedisFailure> {
-        let _: String = self
-            .query(Request::Cmd(&redis::cmd("PING")), self.response_timeout)
-            .await?;
-        Ok(())
-    }
 }
 
 /// Release announcements, on a subscription connection of its own (one per client, shared by

@@ -215,7 +215,7 @@ impl LockClient {
         if context::holds(self.inner.id, &key) {
             return Ok(work.await);
         }
-        let lease = self.acquire(key, options).await?;
+        let lease = self.acquire_checked(key, options).await?;
         let outcome = lease.run(work).await;
         if let Err(err) = lease.release().await {
             tracing::warn!(error = %err, "lock release not confirmed; retrying in the background");
@@ -240,7 +240,15 @@ impl LockClient {
         key: impl Into<String>,
         options: LockOptions,
     ) -> Result<Lease, LockError> {
-        let key = check_key(key.into())?;
+        self.acquire_checked(check_key(key.into())?, options).await
+    }
+
+    /// [`acquire`](Self::acquire) for a key already checked.
+    async fn acquire_checked(
+        &self,
+        mut key: String,
+        options: LockOptions,
+    ) -> Result<Lease, LockError> {
         let Some(wait) = options.wait else {
             return match self.try_acquire(key, &options).await? {
                 Attempt::Taken(lease) => Ok(lease),
@@ -248,7 +256,6 @@ impl LockClient {
             };
         };
         let give_up = Instant::now() + wait;
-        let mut key = key;
         let mut ticket = None;
         loop {
             let remaining = match self.try_acquire(key, &options).await? {

@@ -221,19 +221,18 @@ impl Lease {
         let state = &self.state;
         let work = context::scope(state.clone(), work);
         let mut work = std::pin::pin!(work);
-        let mut deadline = state.deadline();
-        let expiry = tokio::time::sleep_until(deadline.into());
+        let expiry = tokio::time::sleep_until(state.deadline().into());
         let mut expiry = std::pin::pin!(expiry);
         loop {
             tokio::select! {
                 biased;
                 () = state.cancel.cancelled() => break,
                 () = &mut expiry => {
-                    let moved = state.deadline();
-                    if moved <= Instant::now() {
+                    // An extension confirmed meanwhile moved the deadline: wait for the new one.
+                    let deadline = state.deadline();
+                    if deadline <= Instant::now() {
                         break;
                     }
-                    deadline = moved;
                     expiry.as_mut().reset(deadline.into());
                 }
                 output = &mut work => return Ok(output),

@@ -74,11 +74,9 @@ impl RenewalQueue {
     }
 
     pub(crate) fn register(&self, lease: Arc<LeaseState>) {
-        let own_wake = own_wake_up(&lease, self.shared.next_scan.load(Ordering::Acquire));
+        let wake_now = self.shared.wakes_too_late_for(&lease);
         self.shared.lock().insert(lease.id, lease);
-        if let Some(at) = own_wake
-            && at < self.shared.planned_wake.load(Ordering::Acquire)
-        {
+        if wake_now {
             self.shared.wake.notify_one();
         }
     }
@@ -108,6 +106,12 @@ impl RenewalQueue {
 }
 
 impl Shared {
+    /// Whether `lease` needs a wake-up of its own before the one the watchdog has planned.
+    fn wakes_too_late_for(&self, lease: &LeaseState) -> bool {
+        own_wake_up(lease, self.next_scan.load(Ordering::Acquire))
+            .is_some_and(|own| own < self.planned_wake.load(Ordering::Acquire))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<LeaseState>>> {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -218,13 +222,7 @@ async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
         lease.extending.store(false, Ordering::Release);
     }
     // Short leases need their next own wake-up computed from the new send time.
-    let planned = shared.planned_wake.load(Ordering::Acquire);
-    let next_scan = shared.next_scan.load(Ordering::Acquire);
-    if due
-        .iter()
-        .filter_map(|lease| own_wake_up(lease, next_scan))
-        .any(|own| own < planned)
-    {
+    if due.iter().any(|lease| shared.wakes_too_late_for(lease)) {
         shared.wake.notify_one();
     }
 }

@@ -133,7 +133,10 @@ async fn listen(
                         feed = reconnect(&backend, &keys).await;
                     }
                     let waiters = lock(&keys).get(&key).cloned();
-                    if let (Some(live), Some(waiters)) = (feed.as_mut(), waiters) {
+                    // A reconnect just now has subscribed every waited-for key already.
+                    if let (Some(live), Some(waiters)) = (feed.as_mut(), waiters)
+                        && !*waiters.subscribed.borrow()
+                    {
                         match live.watch(&key).await {
                             Ok(()) => { waiters.subscribed.send_replace(true); }
                             Err(failure) => {

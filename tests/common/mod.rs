@@ -229,3 +229,20 @@ impl Drop for Worker {
         let _ = self.child.wait();
     }
 }
+
+/// Waits until some client listens for releases of `key`: a waiter has found it busy and
+/// subscribed, so from now on it sleeps on the announcement.
+pub async fn waiter_subscribed(server: &RedisServer, key: &str) {
+    let channel = format!("lockmacro:released:{key}");
+    eventually(Duration::from_secs(5), "a waiter subscribed", || async {
+        let mut conn = server.connection().await;
+        let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut conn)
+            .await
+            .expect("PUBSUB NUMSUB");
+        listeners > 0
+    })
+    .await;
+}
