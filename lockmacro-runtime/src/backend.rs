@@ -223,27 +223,37 @@ impl Backend {
         let mut lent = self.lend().await?;
         let connection = &mut lent.connection;
         let reply = match request {
-            Request::Cmd(cmd) => tokio::time::timeout(budget, cmd.query_async(connection)).await,
-            Request::Pipeline(pipe) => {
-                tokio::time::timeout(budget, pipe.query_async(connection)).await
-            }
-            Request::Script(script) => {
-                tokio::time::timeout(budget, script.invoke_async(connection)).await
-            }
+            Request::Cmd(cmd) => self.within(budget, cmd.query_async(connection)).await,
+            Request::Pipeline(pipe) => self.within(budget, pipe.query_async(connection)).await,
+            Request::Script(script) => self.within(budget, script.invoke_async(connection)).await,
         };
         self.settle(&lent, reply, budget)
+    }
+
+    /// The reply, or `None` when `budget` ran out first. The connection itself bounds every
+    /// request by the response timeout, so a timer of our own is only armed for a shorter budget.
+    async fn within<T>(
+        &self,
+        budget: Duration,
+        reply: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Option<redis::RedisResult<T>> {
+        if budget < self.response_timeout {
+            tokio::time::timeout(budget, reply).await.ok()
+        } else {
+            Some(reply.await)
+        }
     }
 
     /// Turns a reply into a result, dropping the connection when it proved broken.
     fn settle<T>(
         &self,
         lent: &Lent,
-        reply: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        reply: Option<redis::RedisResult<T>>,
         budget: Duration,
     ) -> Result<T, RedisFailure> {
         match reply {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(err)) => {
                 // A reply of the wrong shape means replies and requests are out of step.
                 if err.is_io_error()
                     || err.is_connection_dropped()
@@ -255,7 +265,7 @@ impl Backend {
                 }
                 Err(RedisFailure::Redis(err))
             }
-            Err(_) => {
+            None => {
                 // The request keeps its place in the multiplexed connection's reply queue: if its
                 // reply never comes, that place takes the next request's reply. Never lend it again.
                 self.invalidate(lent.generation);
