@@ -2,6 +2,10 @@
 //!
 //! `REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_handler`, then
 //! `curl -X POST localhost:3000/users/1024/books` twice at once: one 200, one 409 Conflict.
+//!
+//! On SIGTERM (or Ctrl-C) it shuts down gracefully: the lock client first (work still holding a
+//! lock is cancelled with a 503 and every lock released at once, instead of staying held for its
+//! ttl), then the server.
 
 use std::time::Duration;
 
@@ -58,11 +62,38 @@ fn app(state: AppState) -> Router {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let locks = LockClient::connect(&url).await?;
     let state = AppState {
-        locks: LockClient::connect(&url).await?,
+        locks: locks.clone(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app(state)).await?;
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async move {
+            terminated().await;
+            // Before the server waits for its requests: the locked ones end now, their locks
+            // released, rather than holding up the exit (or their locks) for a whole lease.
+            if let Err(error) = locks.shutdown().await {
+                eprintln!("lock client shutdown: {error}");
+            }
+        })
+        .await?;
     Ok(())
+}
+
+/// SIGTERM (how a deploy stops a service) or Ctrl-C.
+async fn terminated() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

@@ -22,10 +22,16 @@
 //! # }
 //! ```
 
+mod cluster;
+mod deployment;
 mod fenced_storage;
 mod proxy;
+mod sentinel;
 mod server;
 
+pub use cluster::{Migration, RedisCluster};
+pub use deployment::{Cluster, Deployment, InMemory, Redlock, Sentinel, SingleRedis};
 pub use fenced_storage::fenced_write;
 pub use proxy::{Fault, FaultProxy};
+pub use sentinel::{RedisSentinel, SERVICE as SENTINEL_SERVICE};
 pub use server::RedisServer;

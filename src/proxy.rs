@@ -45,6 +45,7 @@ pub struct FaultProxy {
     /// bumps. Dropping the sender closes them all too.
     resets: watch::Sender<u64>,
     connections: Arc<AtomicUsize>,
+    accepted: Arc<AtomicUsize>,
     acceptor: JoinHandle<()>,
 }
 
@@ -65,18 +66,20 @@ impl FaultProxy {
         let (fault, _) = watch::channel(Fault::Pass);
         let (resets, _) = watch::channel(0);
         let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = Arc::new(AtomicUsize::new(0));
         let acceptor = tokio::spawn(accept_loop(
             listener,
             upstream,
             fault.clone(),
             resets.clone(),
-            connections.clone(),
+            (connections.clone(), accepted.clone()),
         ));
         FaultProxy {
             addr,
             fault,
             resets,
             connections,
+            accepted,
             acceptor,
         }
     }
@@ -112,6 +115,12 @@ impl FaultProxy {
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
+
+    /// How many connections it has accepted so far: the client's connection attempts, including
+    /// those it closed at once because the upstream was unreachable.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for FaultProxy {
@@ -127,7 +136,7 @@ async fn accept_loop(
     upstream: SocketAddr,
     fault: watch::Sender<Fault>,
     resets: watch::Sender<u64>,
-    connections: Arc<AtomicUsize>,
+    (connections, accepted): (Arc<AtomicUsize>, Arc<AtomicUsize>),
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -135,6 +144,7 @@ async fn accept_loop(
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
+        accepted.fetch_add(1, Ordering::SeqCst);
         let open = OpenConnection::count(&connections);
         let fault = fault.subscribe();
         let reset = resets.subscribe();

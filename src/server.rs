@@ -32,6 +32,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct RedisServer {
     port: u16,
     extra_args: Vec<String>,
+    /// A configuration file written into `dir` and named first on the command line (a
+    /// sentinel needs one it can rewrite).
+    config: Option<String>,
     dir: PathBuf,
     child: Option<Child>,
 }
@@ -62,9 +65,24 @@ impl RedisServer {
     /// If `redis-server` cannot be found, rejects the arguments, or does not come up within 10 s.
     /// The message includes the server's output.
     pub fn start_with(extra_args: &[&str]) -> Self {
+        Self::start_configured(None, extra_args)
+    }
+
+    /// Starts a Redis Sentinel whose configuration file holds `config` (e.g. its `sentinel
+    /// monitor` lines), and waits until it answers `PING`.
+    ///
+    /// # Panics
+    ///
+    /// As [`start_with`](Self::start_with).
+    pub fn start_sentinel(config: &str) -> Self {
+        Self::start_configured(Some(config.to_owned()), &["--sentinel"])
+    }
+
+    fn start_configured(config: Option<String>, extra_args: &[&str]) -> Self {
         let mut server = RedisServer {
             port: 0,
             extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
+            config,
             dir: fresh_dir(),
             child: None,
         };
@@ -92,6 +110,11 @@ impl RedisServer {
     /// The server's URL, `redis://127.0.0.1:port`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether the server process runs (it was not [`kill`](Self::kill)ed, or was restarted).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// The process id of the running server.
@@ -160,7 +183,8 @@ impl RedisServer {
     ///
     /// If the connection cannot be established within 5 s.
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        let config = redis::AsyncConnectionConfig::new().set_connection_timeout(CONNECT_TIMEOUT);
+        let config =
+            redis::AsyncConnectionConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT));
         self.client()
             .get_multiplexed_async_connection_with_config(&config)
             .await
@@ -245,6 +269,12 @@ impl RedisServer {
             .open(self.log_path())
             .unwrap_or_else(|err| panic!("cannot create {}: {err}", self.log_path().display()));
         let mut command = Command::new(redis_server_bin());
+        if let Some(config) = &self.config {
+            let path = self.dir.join("redis.conf");
+            fs::write(&path, config)
+                .unwrap_or_else(|err| panic!("cannot write {}: {err}", path.display()));
+            command.arg(path);
+        }
         command
             .arg("--port")
             .arg(self.port.to_string())

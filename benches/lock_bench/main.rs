@@ -13,13 +13,18 @@
 //! | W2 | 64 tasks, a key each: total throughput vs the pipelined floor | [`uncontended`] |
 //! | W3 | 16 tasks, one key, waiting: throughput, fairness, handoff latency | [`contended`] |
 //! | W4 | 10 000 leases renewed for 20 s: requests, CPU, memory, lapses | [`renewal`] |
+//! | W5 | 16 readers and 1 writer on one key: reads/s, the writer's wait, fairness | [`kinds`] |
+//! | W1c, W2c, W4c | W1, W2 and W4 on a 3-master Redis Cluster, against a raw floor on it | [`deployments`] |
+//! | W1r, W4r | W1 and W4 on a 3-master Redlock, against one Redis in the same run | [`deployments`] |
 //!
 //! `cargo bench --bench lock_bench -- W3 W4` runs only the workloads named (W0 runs with W1 and
-//! W2), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
+//! W2, W2c with W1c, W4r with W1r), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
 //! only whole runs.
 
 mod contended;
+mod deployments;
 mod floor;
+mod kinds;
 mod measure;
 mod relay;
 mod renewal;
@@ -50,6 +55,10 @@ fn main() {
             ("W2", Workload::ManyTasks),
             ("W3", Workload::Contended),
             ("W4", Workload::Renewal),
+            ("W5", Workload::ReadersAndAWriter),
+            ("W1c", Workload::ClusterUncontended),
+            ("W4c", Workload::ClusterRenewal),
+            ("W1r", Workload::Redlock),
         ] {
             if !wanted.is_empty() && !wanted.iter().any(|w| w.eq_ignore_ascii_case(name)) {
                 continue;
@@ -90,6 +99,10 @@ enum Workload {
     ManyTasks,
     Contended,
     Renewal,
+    ReadersAndAWriter,
+    ClusterUncontended,
+    ClusterRenewal,
+    Redlock,
 }
 
 impl Workload {
@@ -99,6 +112,10 @@ impl Workload {
             Self::ManyTasks => uncontended::many_tasks(report).await,
             Self::Contended => contended::contended(report).await,
             Self::Renewal => renewal::renewal(report).await,
+            Self::ReadersAndAWriter => kinds::readers_and_a_writer(report).await,
+            Self::ClusterUncontended => deployments::uncontended(report).await,
+            Self::ClusterRenewal => deployments::renewal(report).await,
+            Self::Redlock => deployments::redlock(report).await,
         }
     }
 }

@@ -1,19 +1,17 @@
-//! `LockClient`: where locks are taken, and what owns the connections and the watchdog.
+//! `LockClient`: where locks are taken, and how a client is configured for a deployment.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::backend::millis;
-use crate::backend::{AcquireRequest, Acquired, Backend};
+use crate::builder::{Deployment, LockClientBuilder};
 use crate::context;
+use crate::engine::Engine;
 use crate::error::LockError;
 use crate::key::check_key;
-use crate::lease::{Lease, LeaseState, drift};
+use crate::lease::Lease;
+use crate::metrics::End;
 use crate::options::LockOptions;
-use crate::renewal::RenewalQueue;
-use crate::waiters::WaitQueue;
 
 /// A handle to one Redis deployment for taking locks. Cheap to clone: clones share connections
 /// and one watchdog thread, which ends when the last clone (and the last lease) is dropped.
@@ -31,141 +29,28 @@ use crate::waiters::WaitQueue;
 /// ```
 #[derive(Clone)]
 pub struct LockClient {
-    inner: Arc<Inner>,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) describe: Arc<Description>,
+    /// The store of an in-memory client, for its test hooks.
+    #[cfg(feature = "test-util")]
+    pub(crate) memory: Option<crate::store::memory::MemoryStore>,
 }
 
-struct Inner {
-    id: u64,
-    redacted_url: String,
-    scan_interval: Duration,
-    backend: Arc<Backend>,
-    renewals: RenewalQueue,
-    waits: WaitQueue,
+/// What `Debug` shows of a client: never a password.
+#[derive(Debug)]
+pub(crate) struct Description {
+    pub(crate) deployment: String,
+    pub(crate) scan_interval: Duration,
+    pub(crate) response_timeout: Duration,
 }
 
 impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockClient")
-            .field("url", &self.inner.redacted_url)
-            .field("scan_interval", &self.inner.scan_interval)
-            .field("response_timeout", &self.inner.backend.response_timeout())
+            .field("deployment", &self.describe.deployment)
+            .field("scan_interval", &self.describe.scan_interval)
+            .field("response_timeout", &self.describe.response_timeout)
             .finish_non_exhaustive()
-    }
-}
-
-/// Configures a [`LockClient`]; from [`LockClient::builder`].
-#[derive(Clone)]
-#[must_use]
-pub struct LockClientBuilder {
-    url: String,
-    scan_interval: Duration,
-    connect_timeout: Duration,
-    response_timeout: Duration,
-    #[cfg(feature = "tls")]
-    tls_root_certificate: Option<Vec<u8>>,
-}
-
-impl std::fmt::Debug for LockClientBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockClientBuilder")
-            .field("url", &redact(&self.url))
-            .field("scan_interval", &self.scan_interval)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
-            .finish()
-    }
-}
-
-impl LockClientBuilder {
-    /// How often the watchdog scans for leases to extend (default 2 s). Leases too short for
-    /// this period get wake-ups of their own, so it only trades round trips for latency.
-    pub fn scan_interval(mut self, interval: Duration) -> Self {
-        self.scan_interval = interval.max(Duration::from_millis(1));
-        self
-    }
-
-    /// The longest a connection attempt may take (default 2 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The longest any one command may wait for its reply (default 1 s).
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Trusts this root certificate (PEM) instead of the system's roots for `rediss://` URLs,
-    /// e.g. a private CA. Verification stays on; to turn it off (tests only), end the URL with
-    /// `#insecure`.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
-        self
-    }
-
-    /// Builds the client and checks that Redis answers.
-    ///
-    /// # Errors
-    /// [`LockError::Config`] for a malformed URL, [`LockError::Redis`] when Redis cannot be reached
-    /// or rejects the credentials within the timeouts.
-    pub async fn build(self) -> Result<LockClient, LockError> {
-        let client = self.build_lazy()?;
-        client.ping().await?;
-        Ok(client)
-    }
-
-    /// Builds the client without any I/O; connections open on first use.
-    ///
-    /// # Errors
-    /// [`LockError::Config`] for a malformed URL or when the watchdog thread cannot start.
-    pub fn build_lazy(self) -> Result<LockClient, LockError> {
-        let redacted_url = redact(&self.url);
-        let redis = self.redis_client().map_err(|err| LockError::Config {
-            message: format!("cannot use `{redacted_url}`: {err}"),
-        })?;
-        if redis.get_connection_info().redis.db < 0 {
-            return Err(LockError::Config {
-                message: format!("cannot use `{redacted_url}`: a database index is never negative"),
-            });
-        }
-        let backend = Arc::new(Backend::new(
-            redis,
-            self.connect_timeout,
-            self.response_timeout,
-        ));
-        let renewals = RenewalQueue::start(backend.clone(), self.scan_interval).map_err(|err| {
-            LockError::Config {
-                message: format!("cannot start the watchdog thread: {err}"),
-            }
-        })?;
-        let waits = WaitQueue::start(backend.clone(), renewals.background());
-        static IDS: AtomicU64 = AtomicU64::new(1);
-        Ok(LockClient {
-            inner: Arc::new(Inner {
-                id: IDS.fetch_add(1, Ordering::Relaxed),
-                redacted_url,
-                scan_interval: self.scan_interval,
-                backend,
-                renewals,
-                waits,
-            }),
-        })
-    }
-}
-
-impl LockClientBuilder {
-    fn redis_client(&self) -> redis::RedisResult<redis::Client> {
-        #[cfg(feature = "tls")]
-        if let Some(root) = &self.tls_root_certificate {
-            let certificates = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root.clone()),
-            };
-            return redis::Client::build_with_tls(self.url.as_str(), certificates);
-        }
-        redis::Client::open(self.url.as_str())
     }
 }
 
@@ -178,17 +63,94 @@ impl LockClient {
         Self::builder(url).build().await
     }
 
-    /// Starts configuring a client for `url`: `redis://[user[:password]@]host[:port][/db]`,
-    /// or `rediss://` for TLS.
+    /// Starts configuring a client for `url`:
+    ///
+    /// - one server: `redis://[user[:password]@]host[:port][/db]`, `rediss://` for TLS
+    ///   (`valkey://` and `valkeys://` too);
+    /// - a master found through Sentinel:
+    ///   `redis+sentinel://[user[:password]@]host:26379[,host:26379...]/service[/db]`, or
+    ///   `rediss+sentinel://` for TLS. The user and password are the master's; the sentinels
+    ///   are asked in the order given.
     pub fn builder(url: &str) -> LockClientBuilder {
-        LockClientBuilder {
-            url: url.to_owned(),
-            scan_interval: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(1),
-            #[cfg(feature = "tls")]
-            tls_root_certificate: None,
+        LockClientBuilder::new(Deployment::Url(url.to_owned()))
+    }
+
+    /// Starts configuring a client for a Redis Cluster, given some of its nodes (`redis://` or
+    /// `rediss://` URLs, with the user and password every node shares). The client learns the
+    /// rest of the cluster from them.
+    pub fn cluster_builder(seeds: impl IntoIterator<Item = impl AsRef<str>>) -> LockClientBuilder {
+        LockClientBuilder::new(Deployment::Cluster(urls(seeds)))
+    }
+
+    /// Starts configuring a client for a Redlock quorum: one lock held on a majority of
+    /// `masters`, an odd number (3 or more) of independent Redis servers (`redis://` or
+    /// `rediss://` URLs; anything else is a [`LockError::Config`] at build).
+    ///
+    /// A lock is taken when a majority took it with time to spare (validity = ttl − elapsed −
+    /// drift), renewed while a majority confirms it, and released on every master. `Busy` means a
+    /// majority names another holder; when no majority answers alike the call fails with
+    /// [`LockError::NoQuorum`] (never `Busy`, never taken). Fencing tokens are refused
+    /// ([`LockError::InvalidOptions`]): the largest counter of a quorum need not grow from one
+    /// holder to the next.
+    pub fn redlock_builder(
+        masters: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> LockClientBuilder {
+        LockClientBuilder::new(Deployment::Redlock(urls(masters)))
+    }
+
+    /// A client whose locks live in this process: for tests of code that takes locks, with no
+    /// Redis running. Clones share its locks; two `in_memory()` clients are two independent
+    /// stores, as two Redis servers would be.
+    ///
+    /// It keeps Redis's semantics (leases expire, the watchdog renews them, `max_renewals`,
+    /// `Busy`, `Lost`, waiting woken on release, fencing, reentrancy, release on drop), and its
+    /// watchdog runs on the runtime that uses it, so under `#[tokio::test(start_paused = true)]`
+    /// a test crosses a 30 s lease in milliseconds. [`memory_hooks`](Self::memory_hooks)
+    /// provokes the rare paths.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let locks = LockClient::in_memory();
+    /// let options = LockOptions::new().ttl(Duration::from_secs(30)).max_renewals(3);
+    /// let outcome = locks
+    ///     .run_locked("reports:nightly", options, std::future::pending::<()>())
+    ///     .await;
+    /// // Four leases of 30 s each, in no time at all.
+    /// assert!(matches!(outcome, Err(LockError::RenewalsExhausted { renewals: 3, .. })));
+    /// # }
+    /// ```
+    #[cfg(feature = "test-util")]
+    pub fn in_memory() -> Self {
+        let store = crate::store::memory::MemoryStore::default();
+        let scan_interval = Duration::from_secs(2);
+        let response_timeout = Duration::from_secs(1);
+        let engine = Engine::new(
+            Arc::new(store.clone()),
+            crate::background::Background::on_callers_runtime(),
+            crate::engine::Timing {
+                scan_interval,
+                response_timeout,
+                shutdown_timeout: crate::builder::DEFAULT_SHUTDOWN_TIMEOUT,
+            },
+        );
+        Self {
+            engine: Arc::new(engine),
+            describe: Arc::new(Description {
+                deployment: "in memory".to_owned(),
+                scan_interval,
+                response_timeout,
+            }),
+            memory: Some(store),
         }
+    }
+
+    /// The test hooks of an in-memory client ([`in_memory`](Self::in_memory)); `None` for others.
+    #[cfg(feature = "test-util")]
+    pub fn memory_hooks(&self) -> Option<crate::MemoryHooks> {
+        self.memory.as_ref().map(|store| store.hooks())
     }
 
     /// Runs `work` while holding the lock `key`, the programmatic twin of `#[redis_lock]`:
@@ -196,6 +158,10 @@ impl LockClient {
     ///
     /// A call made while the current task already holds `key` through this client re-enters:
     /// it runs `work` without a second acquisition and leaves the release to the outer call.
+    /// It re-enters when the lock held includes the one asked for: an exclusive lock includes
+    /// every kind (a writer may read), a read lock includes reads, permits include permits. A
+    /// reader asking for the exclusive lock of its own key would wait for itself forever: that
+    /// is an [`LockError::InvalidOptions`] at once.
     ///
     /// # Errors
     /// [`LockError::Busy`] when another owner holds the key (after `wait`, if set),
@@ -211,12 +177,38 @@ impl LockClient {
         options: LockOptions,
         work: F,
     ) -> Result<F::Output, LockError> {
+        self.run_locked_judged(key, options, work, |_| false).await
+    }
+
+    /// [`run_locked`](Self::run_locked), with `failed` telling which outputs count as errors in
+    /// the metrics (`end = err`).
+    pub(crate) async fn run_locked_judged<F: Future>(
+        &self,
+        key: impl Into<String>,
+        options: LockOptions,
+        work: F,
+        failed: impl FnOnce(&F::Output) -> bool,
+    ) -> Result<F::Output, LockError> {
         let key = check_key(key.into())?;
-        if context::holds(self.inner.id, &key) {
-            return Ok(work.await);
+        if let Some(held) = context::held(self.engine.id, &key) {
+            return if held.grants(options.kind) {
+                Ok(work.await)
+            } else {
+                Err(LockError::InvalidOptions {
+                    message: format!(
+                        "`{key}` is held by this task as a {} lock, which does not include a {} lock; \
+                         release it before taking the other (a reader cannot become its key's writer)",
+                        held.name(),
+                        options.kind.name()
+                    ),
+                })
+            };
         }
         let lease = self.acquire_checked(key, options).await?;
         let outcome = lease.run(work).await;
+        if let Ok(output) = &outcome {
+            lease.record_end(if failed(output) { End::Err } else { End::Ok });
+        }
         if let Err(err) = lease.release().await {
             tracing::warn!(error = %err, "lock release not confirmed; retrying in the background");
         }
@@ -234,7 +226,8 @@ impl LockClient {
     /// As [`run_locked`](Self::run_locked) for acquiring.
     ///
     /// # Cancellation safety
-    /// If dropped while the `SET` is in flight, the key (if it was set) is released in the background.
+    /// If dropped while the `SET` is in flight, the key (if it was set) is released in the
+    /// background, after the `SET` on the same connection.
     pub async fn acquire(
         &self,
         key: impl Into<String>,
@@ -243,179 +236,38 @@ impl LockClient {
         self.acquire_checked(check_key(key.into())?, options).await
     }
 
-    /// [`acquire`](Self::acquire) for a key already checked.
-    async fn acquire_checked(
-        &self,
-        mut key: String,
-        options: LockOptions,
-    ) -> Result<Lease, LockError> {
-        let Some(wait) = options.wait else {
-            return match self.try_acquire(key, &options).await? {
-                Attempt::Taken(lease) => Ok(lease),
-                Attempt::Busy { key, .. } => Err(LockError::Busy { key }),
-            };
-        };
-        let give_up = Instant::now() + wait;
-        let mut ticket = None;
-        loop {
-            let remaining = match self.try_acquire(key, &options).await? {
-                Attempt::Taken(lease) => return Ok(lease),
-                Attempt::Busy {
-                    key: busy,
-                    remaining,
-                } => {
-                    key = busy;
-                    remaining
-                }
-            };
-            let now = Instant::now();
-            if now >= give_up {
-                tracing::debug!(key = %key, "lock still busy when the wait ran out");
-                return Err(LockError::Busy { key });
-            }
-            match &ticket {
-                None => {
-                    // Once subscribed, no release can slip by unheard: look again right away.
-                    tracing::debug!(key = %key, "lock busy; waiting");
-                    let joined = self.inner.waits.join(&key);
-                    joined.subscribed(give_up - now).await;
-                    ticket = Some(joined);
-                }
-                Some(ticket) => {
-                    let fallback = remaining
-                        .map(jittered)
-                        .unwrap_or(Duration::from_millis(100))
-                        .min(give_up - now);
-                    ticket.released_or(fallback).await;
-                }
-            }
-        }
+    async fn acquire_checked(&self, key: String, options: LockOptions) -> Result<Lease, LockError> {
+        let state = self.engine.acquire(key, &options).await?;
+        Ok(Lease::new(state, self.engine.clone()))
     }
 
-    /// One attempt to take `key`.
-    async fn try_acquire(&self, key: String, options: &LockOptions) -> Result<Attempt, LockError> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        let ttl = options.ttl;
-        // A reply later than the lease itself is worthless: the lock may have lapsed already.
-        let budget = self
-            .inner
-            .backend
-            .response_timeout()
-            .min(ttl.saturating_sub(drift(ttl)).max(Duration::from_millis(1)));
-        let mut pending = PendingAcquire {
-            client: self,
-            key,
-            token,
-            ttl,
-            armed: true,
-        };
-        let sent_at = Instant::now();
-        let request = AcquireRequest {
-            key: &pending.key,
-            token: &pending.token,
-            ttl,
-            fencing: options.fencing,
-            want_remaining: options.wait.is_some(),
-        };
-        match self.inner.backend.acquire(request, budget).await {
-            Ok(Acquired::Taken { fencing_token }) => {
-                let (key, token) = pending.disarm();
-                static IDS: AtomicU64 = AtomicU64::new(1);
-                let state = Arc::new(LeaseState::new(
-                    IDS.fetch_add(1, Ordering::Relaxed),
-                    self.inner.id,
-                    key,
-                    token,
-                    options,
-                    fencing_token,
-                    sent_at,
-                ));
-                self.inner.renewals.register(state.clone());
-                tracing::debug!(key = %state.key, ttl_ms = millis(ttl), fencing_token, "lock acquired");
-                Ok(Attempt::Taken(Lease::new(state, self.clone())))
-            }
-            Ok(Acquired::Busy { remaining }) => {
-                let (key, _) = pending.disarm();
-                tracing::debug!(key = %key, "lock busy");
-                Ok(Attempt::Busy { key, remaining })
-            }
-            Err(failure) => {
-                // The command may have landed with no answer back: then PendingAcquire's drop
-                // releases the key in the background.
-                pending.armed = failure.may_have_landed();
-                Err(failure.into_lock_error(Some(&pending.key)))
-            }
-        }
-    }
-
-    /// Sends `PING`, to check that Redis answers.
-    async fn ping(&self) -> Result<(), LockError> {
-        self.inner
-            .backend
-            .ping()
-            .await
-            .map_err(|failure| failure.into_lock_error(None))
-    }
-
-    pub(crate) fn backend(&self) -> &Backend {
-        &self.inner.backend
-    }
-
-    pub(crate) fn renewals(&self) -> &RenewalQueue {
-        &self.inner.renewals
+    /// Shuts the client down, for a graceful exit: no lock is taken through it (or its clones)
+    /// any more; work held under its leases is cancelled at its next `.await` and returns
+    /// [`LockError::ShutDown`], as do calls waiting for a lock; every lease is released and the
+    /// releases confirmed, bounded by the shutdown timeout (10 s unless
+    /// [`LockClientBuilder::shutdown_timeout`] says otherwise). A second call does nothing.
+    ///
+    /// Without it, a process that exits leaves its locks to expire with their leases (30 s by
+    /// default); with it, the next owner takes them at once. Wire it to your server's graceful
+    /// shutdown, as `examples/axum_handler.rs` does with axum's `with_graceful_shutdown`.
+    ///
+    /// # Errors
+    /// [`LockError::Redis`] when some releases were not confirmed in time: they are retried in
+    /// the background, and expire with their leases at the latest.
+    pub async fn shutdown(&self) -> Result<(), LockError> {
+        self.engine.shutdown().await
     }
 
     /// How many leases this client's watchdog is keeping alive right now.
     pub fn held_leases(&self) -> usize {
-        self.inner.renewals.len()
+        self.engine.held_leases()
     }
 }
 
-enum Attempt {
-    Taken(Lease),
-    Busy {
-        key: String,
-        remaining: Option<Duration>,
-    },
-}
-
-/// A holder's remaining lease plus up to 10 %, so waiters whose holder died do not all retry at once.
-fn jittered(remaining: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let spread = remaining / 10 + Duration::from_millis(1);
-    remaining + Duration::from_nanos(random % (spread.as_nanos() as u64).max(1))
-}
-
-/// An acquire in flight: if dropped armed (the caller gave up, or the reply was lost), the `SET`
-/// may have landed without our hearing of it, so the key is released in the background.
-struct PendingAcquire<'a> {
-    client: &'a LockClient,
-    key: String,
-    token: String,
-    ttl: Duration,
-    armed: bool,
-}
-
-impl PendingAcquire<'_> {
-    fn disarm(&mut self) -> (String, String) {
-        self.armed = false;
-        (
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.token),
-        )
-    }
-}
-
-impl Drop for PendingAcquire<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let (key, token) = self.disarm();
-            (self.client.inner.renewals).release_in_background(key, token, self.ttl);
-        }
-    }
+fn urls(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
+    urls.into_iter()
+        .map(|url| url.as_ref().to_owned())
+        .collect()
 }
 
 /// The URL with any password replaced by `***`, safe to print.

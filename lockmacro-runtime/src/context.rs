@@ -8,7 +8,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lease::LeaseState;
+use crate::options::LockKind;
+use crate::state::LeaseState;
 
 tokio::task_local! {
     static HELD: Held;
@@ -33,13 +34,16 @@ pub(crate) fn scope<F: Future>(lease: Arc<LeaseState>, work: F) -> impl Future<O
     HELD.scope(Held { lease, outer }, work)
 }
 
-/// Whether the current task holds `key` through the client `client_id`.
-pub(crate) fn holds(client_id: u64, key: &str) -> bool {
+/// The kind of lock the current task holds on `key` through the client whose engine is
+/// `engine_id` (the innermost, when nested), if it holds one.
+pub(crate) fn held(engine_id: u64, key: &str) -> Option<LockKind> {
     HELD.try_with(|held| {
         held.iter()
-            .any(|lease| lease.client_id == client_id && lease.key == key)
+            .find(|lease| lease.engine_id == engine_id && lease.key == key)
+            .map(|lease| lease.kind)
     })
-    .unwrap_or(false)
+    .ok()
+    .flatten()
 }
 
 /// The lock the current locked function runs under.

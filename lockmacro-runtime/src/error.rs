@@ -1,7 +1,5 @@
 //! The one error type of the crate: every way a locked call can end without running to completion.
 
-use std::time::Duration;
-
 /// Why a locked call did not run, or did not run to its end.
 ///
 /// A function under `#[redis_lock]` returns `Result<T, E>` with `E: From<LockError>`, so these
@@ -47,6 +45,30 @@ pub enum LockError {
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
 
+    /// Redlock: fewer than a majority of the masters answered (the others failed, timed out,
+    /// or the answers split between free and busy), so the lock is neither taken nor known to
+    /// be held by another owner. The work never ran; anything taken on a minority was undone.
+    #[error(
+        "lock `{key}`: only {answered} of the {needed} Redlock masters needed for a majority answered alike"
+    )]
+    NoQuorum {
+        /// The Redis key of the lock.
+        key: String,
+        /// How many masters agreed on the largest answer.
+        answered: usize,
+        /// How many make a majority.
+        needed: usize,
+    },
+
+    /// The client was shut down ([`LockClient::shutdown`](crate::LockClient::shutdown)): work
+    /// held under it was cancelled and its lock released, and no lock is taken through it (or
+    /// its clones) any more.
+    #[error("lock `{key}`: the lock client was shut down; the work was not run or was cancelled")]
+    ShutDown {
+        /// The Redis key of the lock.
+        key: String,
+    },
+
     /// The key rendered empty or longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN). Checked before any I/O.
     #[error("invalid lock key `{key}`: {reason}")]
     InvalidKey {
@@ -54,6 +76,14 @@ pub enum LockError {
         key: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+
+    /// The lock's options cannot be used: a zero `ttl` or `permits`, a wait given at run time
+    /// that is zero. Checked before any I/O; the work never ran.
+    #[error("invalid lock options: {message}")]
+    InvalidOptions {
+        /// What is wrong and how to fix it.
+        message: String,
     },
 
     /// The client could not be configured: a malformed URL, an unsupported scheme, no tokio runtime.
@@ -70,11 +100,6 @@ fn for_key(key: &Option<String>) -> String {
         .unwrap_or_default()
 }
 
-/// A Redis call that got no answer within its budget.
-#[derive(Debug, thiserror::Error)]
-#[error("no answer within {0:?}")]
-pub(crate) struct TimedOut(pub(crate) Duration);
-
 impl LockError {
     /// The Redis key this error concerns, if any.
     pub fn key(&self) -> Option<&str> {
@@ -82,19 +107,11 @@ impl LockError {
             Self::Busy { key }
             | Self::RenewalsExhausted { key, .. }
             | Self::Lost { key }
-            | Self::InvalidKey { key, .. } => Some(key),
+            | Self::InvalidKey { key, .. }
+            | Self::NoQuorum { key, .. }
+            | Self::ShutDown { key } => Some(key),
             Self::Redis { key, .. } => key.as_deref(),
-            Self::Config { .. } => None,
-        }
-    }
-
-    pub(crate) fn redis(
-        key: Option<&str>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
-    ) -> Self {
-        Self::Redis {
-            key: key.map(str::to_owned),
-            source: source.into(),
+            Self::Config { .. } | Self::InvalidOptions { .. } => None,
         }
     }
 }

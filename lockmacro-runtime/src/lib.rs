@@ -34,16 +34,27 @@
 //! without reaching an `.await` cannot be cancelled and may outrun its lease.
 #![warn(missing_docs, unreachable_pub)]
 
-mod backend;
+// Bottom: time, what a runtime offers, keys, options, errors, a lease's shared state.
+mod clock;
+mod error;
+mod key;
+mod metrics;
+mod options;
+mod rt;
+mod state;
+// The seam and the deployments behind it: the only users of `redis`.
+mod store;
+// The watchdog, the waiters and the engine that ties them together.
+mod background;
+mod engine;
+mod renewal;
+mod waiters;
+// On top: the guard, the task's held leases, the client.
+mod builder;
 mod client;
 mod context;
 mod default_client;
-mod error;
-mod key;
 mod lease;
-mod options;
-mod renewal;
-mod waiters;
 
 #[cfg(feature = "axum")]
 mod axum;
@@ -51,11 +62,14 @@ mod axum;
 #[doc(hidden)]
 pub mod __private;
 
-pub use client::{LockClient, LockClientBuilder};
+pub use builder::LockClientBuilder;
+pub use client::LockClient;
 pub use context::LockContext;
 pub use default_client::{default_client, set_default_client};
 pub use error::LockError;
 pub use key::MAX_KEY_LEN;
 pub use lease::Lease;
 pub use lockmacro::redis_lock;
-pub use options::LockOptions;
+pub use options::{LockKind, LockOptions};
+#[cfg(feature = "test-util")]
+pub use store::memory::MemoryHooks;

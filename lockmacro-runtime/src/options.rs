@@ -1,4 +1,4 @@
-//! What one lock asks for: lease length, renewals, waiting, fencing.
+//! What one lock asks for: its kind, lease length, renewals, waiting, fencing.
 
 use std::time::Duration;
 
@@ -19,6 +19,42 @@ pub struct LockOptions {
     pub(crate) max_renewals: Option<u32>,
     pub(crate) wait: Option<Duration>,
     pub(crate) fencing: bool,
+    pub(crate) kind: LockKind,
+    pub(crate) fair: bool,
+    /// The attribute's prefix, for the metrics' `prefix` label (else the key's first part).
+    pub(crate) label: Option<&'static str>,
+}
+
+/// Who may hold one key at the same time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// One holder at a time, excluding readers too: `mode = write`, the default.
+    Exclusive,
+    /// Shared with other readers; excluded by an exclusive holder: `mode = read`.
+    Read,
+    /// At most this many holders at once, a semaphore: `permits = N`. Zero is refused at acquire.
+    Permits(u32),
+}
+
+impl LockKind {
+    /// Whether holding this kind of lock on a key includes holding `asked` on it: a nested call
+    /// asking for `asked` then re-enters.
+    pub const fn grants(self, asked: LockKind) -> bool {
+        matches!(
+            (self, asked),
+            (Self::Exclusive, _) | (Self::Read, Self::Read) | (Self::Permits(_), Self::Permits(_))
+        )
+    }
+
+    /// How it is called in messages.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive (write)",
+            Self::Read => "read",
+            Self::Permits(_) => "permit",
+        }
+    }
 }
 
 impl LockOptions {
@@ -29,6 +65,9 @@ impl LockOptions {
             max_renewals: Some(3),
             wait: None,
             fencing: false,
+            kind: LockKind::Exclusive,
+            fair: false,
+            label: None,
         }
     }
 
@@ -64,6 +103,40 @@ impl LockOptions {
     pub const fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
         self
+    }
+
+    /// Shared with other readers of the key, excluded by an exclusive holder (`mode = read`).
+    pub const fn read(mut self) -> Self {
+        self.kind = LockKind::Read;
+        self
+    }
+
+    /// Exclusive, the default, spelled out next to [`read`](Self::read) (`mode = write`).
+    pub const fn write(mut self) -> Self {
+        self.kind = LockKind::Exclusive;
+        self
+    }
+
+    /// At most `permits` holders of the key at once (`permits = N`).
+    pub const fn permits(mut self, permits: u32) -> Self {
+        self.kind = LockKind::Permits(permits);
+        self
+    }
+
+    /// Serve waiters in arrival order across processes, with no barging (`fair = true`).
+    pub const fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Who may hold the key at the same time.
+    pub const fn lock_kind(&self) -> LockKind {
+        self.kind
+    }
+
+    /// Whether waiters are served in arrival order.
+    pub const fn is_fair(&self) -> bool {
+        self.fair
     }
 
     /// The lease length.

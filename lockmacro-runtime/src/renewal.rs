@@ -1,30 +1,31 @@
-//! The renewal queue: one watchdog thread per client that keeps every live lease alive.
+//! The renewal queue: one watchdog task per client that keeps every live lease alive.
 //!
-//! The thread runs its own small tokio runtime, so leases are renewed and drop-time releases are
-//! sent whatever happens to the runtimes of the callers (one per `#[tokio::test]`, say). It scans
-//! every `scan_interval` and extends, in one round trip, each lease that is a third or more
-//! through and has renewals left. A lease whose ttl is too short for the scan period (it would pass
-//! half its ttl before the next scan) gets a wake-up of its own at its third.
+//! It runs where the client's background work runs ([`Background`]). It scans every `scan_interval` and
+//! extends, in one batch, each lease that is a third or more through and has renewals left. A
+//! lease whose ttl is too short for the scan period (it would pass half its ttl before the next
+//! scan) gets a wake-up of its own at its third.
 //!
-//! Registering and deregistering only touch a mutex-guarded map: the hot path never wakes the
-//! thread, except for such a short lease.
+//! A failed extension is retried with a growing, jittered pause, always before the lease's local
+//! deadline: an outage costs a few attempts a second, not a busy loop. Registering and
+//! deregistering only touch a mutex-guarded map: the hot path never wakes the task, except for
+//! such a short lease.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc};
-use tokio_util::task::TaskTracker;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, ExtendBatch, Extension};
-use crate::lease::{LeaseState, instant_at, now_nanos};
+use crate::background::Background;
+use crate::clock::{self, nanos};
+use crate::metrics;
+use crate::state::LeaseState;
+use crate::store::{LeaseRef, Renewal, Store};
 
 pub(crate) struct RenewalQueue {
     shared: Arc<Shared>,
-    jobs: mpsc::UnboundedSender<Job>,
-    /// The watchdog thread's runtime, for other background work of the client.
-    background: tokio::runtime::Handle,
 }
 
 struct Shared {
@@ -35,45 +36,31 @@ struct Shared {
     next_scan: AtomicU64,
     wake: Notify,
     scan_interval: Duration,
-    backend: Arc<Backend>,
-}
-
-enum Job {
-    Release {
-        key: String,
-        token: String,
-        ttl: Duration,
-    },
+    store: Arc<dyn Store>,
 }
 
 impl RenewalQueue {
-    /// Starts the watchdog thread; it ends once the queue is dropped and pending releases are sent.
-    pub(crate) fn start(backend: Arc<Backend>, scan_interval: Duration) -> std::io::Result<Self> {
+    /// Starts the watchdog on the client's runtime; it ends with the client.
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        scan_interval: Duration,
+        background: &Background,
+    ) -> Self {
         let shared = Arc::new(Shared {
             leases: Mutex::new(HashMap::new()),
             planned_wake: AtomicU64::new(u64::MAX),
-            next_scan: AtomicU64::new(now_nanos().saturating_add(nanos(scan_interval))),
+            next_scan: AtomicU64::new(clock::now().saturating_add(nanos(scan_interval))),
             wake: Notify::new(),
             scan_interval,
-            backend,
+            store,
         });
-        let (jobs, queue) = mpsc::unbounded_channel();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let background = runtime.handle().clone();
         let watchdog = shared.clone();
-        std::thread::Builder::new()
-            .name("lockmacro-watchdog".into())
-            .spawn(move || runtime.block_on(watch(watchdog, queue)))?;
-        Ok(Self {
-            shared,
-            jobs,
-            background,
-        })
+        background.spawn_service(move |stop| watch(watchdog.clone(), stop));
+        Self { shared }
     }
 
     pub(crate) fn register(&self, lease: Arc<LeaseState>) {
+        metrics::leases(&lease.prefix, 1.0);
         let wake_now = self.shared.wakes_too_late_for(&lease);
         self.shared.lock().insert(lease.id, lease);
         if wake_now {
@@ -84,24 +71,26 @@ impl RenewalQueue {
     /// After this returns the watchdog sends no new extension for the lease. One already on the
     /// wire cannot re-create a released key: extensions only touch keys that hold our token.
     pub(crate) fn deregister(&self, id: u64) {
-        if let Some(lease) = self.shared.lock().remove(&id) {
+        let removed = self.shared.lock().remove(&id);
+        if let Some(lease) = removed {
             lease.finish();
+            metrics::leases(&lease.prefix, -1.0);
         }
-    }
-
-    /// Compare-and-delete from the watchdog thread; safe from `Drop`, during a runtime's shutdown,
-    /// or with no runtime at all.
-    pub(crate) fn release_in_background(&self, key: String, token: String, ttl: Duration) {
-        // Fails only when the watchdog is gone, i.e. the process is exiting: the key expires.
-        let _ = self.jobs.send(Job::Release { key, token, ttl });
-    }
-
-    pub(crate) fn background(&self) -> &tokio::runtime::Handle {
-        &self.background
     }
 
     pub(crate) fn len(&self) -> usize {
         self.shared.lock().len()
+    }
+
+    /// Stops renewing every lease, and hands them over.
+    pub(crate) fn drain(&self) -> Vec<Arc<LeaseState>> {
+        let drained: Vec<Arc<LeaseState>> =
+            self.shared.lock().drain().map(|(_, lease)| lease).collect();
+        for lease in &drained {
+            lease.finish();
+            metrics::leases(&lease.prefix, -1.0);
+        }
+        drained
     }
 }
 
@@ -112,50 +101,48 @@ impl Shared {
             .is_some_and(|own| own < self.planned_wake.load(Ordering::Acquire))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<LeaseState>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<LeaseState>>> {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// The wake-up a lease needs of its own: at its third, when half its ttl would pass before
-/// `next_scan`. Rounded up to a grid of ttl/12 (so still well before half), so that leases of
-/// one ttl taken at about the same time share wake-ups and one pipelined round trip.
+/// The wake-up a lease needs of its own, before `next_scan`: when a failed extension's retry is
+/// due; or at its third, when half its ttl would pass before `next_scan`. The third is rounded up
+/// to a grid of ttl/12 (so still well before half), so that leases of one ttl taken at about the
+/// same time share wake-ups and one round trip.
 fn own_wake_up(lease: &LeaseState, next_scan: u64) -> Option<u64> {
-    if !lease.renewals_left() {
+    if !lease.renewals_left() || lease.is_lost() {
         return None;
     }
     let sent = lease.confirmed_sent_at();
-    let half = sent.saturating_add(nanos(lease.ttl / 2));
+    let third = sent.saturating_add(lease.timing.third);
+    let due = lease.due_at();
+    if due > third {
+        // A retry after a failure.
+        return (due < next_scan).then_some(due);
+    }
+    let half = sent.saturating_add(lease.timing.half);
     (half < next_scan).then(|| {
-        let third = sent.saturating_add(nanos(lease.ttl / 3));
-        let grid = nanos(lease.ttl / 12).max(1);
+        let grid = lease.timing.grid;
         third.div_ceil(grid).saturating_mul(grid)
     })
 }
 
-async fn watch(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<Job>) {
-    let in_flight = TaskTracker::new();
+async fn watch(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        let wake_at = scan(&shared, &in_flight);
+        let wake_at = scan(&shared);
         shared.planned_wake.store(wake_at, Ordering::Release);
         tokio::select! {
-            job = jobs.recv() => match job {
-                Some(Job::Release { key, token, ttl }) => {
-                    in_flight.spawn(release_until_settled(shared.backend.clone(), key, token, ttl));
-                }
-                None => break,
-            },
-            () = tokio::time::sleep_until(instant_at(wake_at).into()) => {}
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(clock::instant_at(wake_at)) => {}
             () = shared.wake.notified() => {}
         }
     }
-    in_flight.close();
-    in_flight.wait().await;
 }
 
 /// Sends one batch of due extensions; returns when to wake next.
-fn scan(shared: &Arc<Shared>, in_flight: &TaskTracker) -> u64 {
-    let now = now_nanos();
+fn scan(shared: &Arc<Shared>) -> u64 {
+    let now = clock::now();
     let interval = nanos(shared.scan_interval);
     let mut next_scan = shared.next_scan.load(Ordering::Acquire);
     while next_scan <= now {
@@ -165,13 +152,15 @@ fn scan(shared: &Arc<Shared>, in_flight: &TaskTracker) -> u64 {
     let mut due = Vec::new();
     let mut wake_at = next_scan;
     for lease in shared.lock().values() {
-        if !lease.renewals_left() || lease.is_lost() || lease.extending.load(Ordering::Acquire) {
+        if !lease.renewals_left()
+            || lease.is_lost()
+            || lease.extending.load(Ordering::Acquire)
+            // Past its deadline its holder is being cancelled: nothing left to keep.
+            || lease.deadline_nanos() <= now
+        {
             continue;
         }
-        let third = lease
-            .confirmed_sent_at()
-            .saturating_add(nanos(lease.ttl / 3));
-        if third <= now {
+        if lease.due_at() <= now {
             lease.extending.store(true, Ordering::Release);
             due.push(lease.clone());
         } else if let Some(own) = own_wake_up(lease, next_scan) {
@@ -179,76 +168,63 @@ fn scan(shared: &Arc<Shared>, in_flight: &TaskTracker) -> u64 {
         }
     }
     if !due.is_empty() {
-        in_flight.spawn(extend(shared.clone(), due));
+        tokio::spawn(extend(shared.clone(), due));
     }
     wake_at
 }
 
 async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
-    let sent_at = now_nanos();
-    let extensions: Vec<Extension<'_>> = due
-        .iter()
-        .map(|lease| Extension {
-            key: &lease.key,
-            token: &lease.token,
-            ttl: lease.ttl,
-        })
-        .collect();
-    let batch = ExtendBatch::new(&extensions);
-    drop(extensions);
-    match shared.backend.extend(&batch).await {
-        Ok(extended) => {
-            for (lease, extended) in due.iter().zip(extended) {
-                if lease.is_finished() || lease.is_lost() {
-                    // Its holder has stopped already; nothing to record.
-                } else if extended {
-                    let renewals = lease.extended(sent_at);
-                    let max_renewals = lease
-                        .max_renewals
-                        .map_or("unlimited".into(), |max| max.to_string());
-                    tracing::info!(key = %lease.key, renewals, %max_renewals, "lock lease renewed");
-                } else {
-                    tracing::warn!(key = %lease.key, "lock lost: key gone or held by another owner at renewal");
-                    lease.mark_lost();
-                }
+    let sent_at = clock::now();
+    let leases: Vec<LeaseRef<'_>> = due.iter().map(|lease| lease.lease_ref()).collect();
+    let outcomes = metrics::timed("extend", shared.store.extend(&leases)).await;
+    drop(leases);
+    // One backoff for the whole batch: its leases failed together and retry together.
+    let in_a_row = due.iter().map(|lease| lease.failures()).max().unwrap_or(0);
+    let pause = clock::backoff(Duration::from_millis(50), Duration::from_secs(1), in_a_row);
+    let mut failed = Vec::new();
+    for (lease, outcome) in due.iter().zip(outcomes) {
+        if lease.is_finished() || lease.is_lost() {
+            // Its holder has stopped already; nothing to record.
+            continue;
+        }
+        match outcome {
+            Renewal::Extended => {
+                metrics::renewal(&lease.prefix, "ok");
+                let renewals = lease.extended(sent_at);
+                let max_renewals = lease
+                    .max_renewals
+                    .map_or("unlimited".into(), |max| max.to_string());
+                tracing::debug!(key = %lease.key, renewals, %max_renewals, "lock lease renewed");
+            }
+            Renewal::Lost => {
+                metrics::renewal(&lease.prefix, "lost");
+                tracing::warn!(key = %lease.key, "lock lost: key gone or held by another owner at renewal");
+                lease.mark_lost();
+            }
+            Renewal::Failed(error) => {
+                metrics::renewal(&lease.prefix, "failed");
+                let in_a_row = lease.extension_failed(clock::now(), pause);
+                failed.push((lease, in_a_row, error));
             }
         }
-        Err(failure) => {
-            // The holder's local deadline still stands; the next scan tries again before it.
-            tracing::warn!(leases = due.len(), error = %failure, "lock renewal failed");
+    }
+    if let Some((first, _, error)) = failed.first() {
+        // One line per failed batch (a thousand leases share one outage), louder on a new streak.
+        let fresh = failed
+            .iter()
+            .filter(|(_, in_a_row, _)| *in_a_row == 1)
+            .count();
+        if fresh > 0 {
+            tracing::warn!(key = %first.key, leases = failed.len(), error = %error, "lock renewal failed; retrying before the lease's deadline");
+        } else {
+            tracing::debug!(key = %first.key, leases = failed.len(), error = %error, "lock renewal failed again");
         }
     }
     for lease in &due {
         lease.extending.store(false, Ordering::Release);
     }
-    // Short leases need their next own wake-up computed from the new send time.
+    // Leases renewed or failed just now may need a wake-up earlier than the one planned.
     if due.iter().any(|lease| shared.wakes_too_late_for(lease)) {
         shared.wake.notify_one();
     }
-}
-
-/// Retries the compare-and-delete until it is confirmed or the lease would have expired anyway.
-async fn release_until_settled(backend: Arc<Backend>, key: String, token: String, ttl: Duration) {
-    let give_up = Instant::now() + ttl;
-    loop {
-        match backend.release(&key, &token).await {
-            Ok(true) => {
-                tracing::debug!(key = %key, "lock released in the background");
-                return;
-            }
-            Ok(false) => return,
-            Err(failure) if Instant::now() + Duration::from_millis(100) < give_up => {
-                tracing::debug!(key = %key, error = %failure, "background release failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(failure) => {
-                tracing::warn!(key = %key, error = %failure, "background release gave up; the key expires with its lease");
-                return;
-            }
-        }
-    }
-}
-
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }

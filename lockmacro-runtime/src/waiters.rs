@@ -1,35 +1,58 @@
 //! Waiting for a busy lock without polling: releases are announced on a per-key channel, and one
-//! subscription per client, on the watchdog thread, wakes that client's waiters.
+//! subscription per client, on the client's runtime, wakes that client's waiters.
 //!
 //! A release wakes one waiter per client (FIFO, through [`Notify::notify_one`]), not all of
 //! them, so a thousand waiters on one key do not stampede Redis. A waiter also sleeps no longer
-//! than the holder's remaining lease (jittered), which covers a holder that died without
-//! announcing anything, and a subscription lost with its connection.
+//! than the holder's remaining lease (jittered): that covers a holder that died without
+//! announcing anything, and any time the subscription is down. When subscribing fails the
+//! waiters are told at once (they fall back to that timing), and the subscription is reopened
+//! with backoff and every waited-for key subscribed again.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, ReleaseFeed};
+use crate::background::Background;
+use crate::clock::Backoff;
+use crate::metrics::{self, Prefix};
+use crate::store::{ReleaseFeed, Store, StoreError};
 
 pub(crate) struct WaitQueue {
-    keys: Arc<Mutex<HashMap<String, Arc<KeyWaiters>>>>,
+    keys: Arc<Keys>,
     commands: mpsc::UnboundedSender<Command>,
 }
+
+type Keys = Mutex<HashMap<String, Arc<KeyWaiters>>>;
 
 struct KeyWaiters {
     released: Notify,
     waiters: Mutex<usize>,
-    /// Whether releases of this key are being heard right now.
-    subscribed: watch::Sender<bool>,
+    /// Waiters that must all look at each release (readers, fair waiters), not just one.
+    everyone: std::sync::atomic::AtomicUsize,
+    hearing: watch::Sender<Hearing>,
+}
+
+/// Whether releases of a key reach its waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hearing {
+    /// Subscribing.
+    Pending,
+    /// Subscribed: every release from now on is heard.
+    Heard,
+    /// The subscription failed or was lost: waiters go by the holder's remaining lease.
+    Unheard,
 }
 
 enum Command {
     Watch(String),
     Unwatch(String),
+    /// Open the subscription now (a client being built), reporting how it went.
+    Connect(oneshot::Sender<Result<(), StoreError>>),
 }
 
 /// One waiter's place in the queue of a key; leaving it (drop) unsubscribes the last one out.
@@ -37,19 +60,44 @@ pub(crate) struct Ticket<'a> {
     queue: &'a WaitQueue,
     key: String,
     waiters: Arc<KeyWaiters>,
+    everyone: bool,
+    prefix: Prefix,
 }
 
 impl WaitQueue {
-    /// Starts the subscription task on the watchdog's runtime.
-    pub(crate) fn start(backend: Arc<Backend>, background: &tokio::runtime::Handle) -> Self {
-        let keys = Arc::new(Mutex::new(HashMap::new()));
+    /// Starts the subscription task where the client's background work runs.
+    pub(crate) fn start(store: Arc<dyn Store>, background: &Background) -> Self {
+        let keys = Arc::new(Keys::default());
         let (commands, received) = mpsc::unbounded_channel();
-        background.spawn(listen(backend, keys.clone(), received));
+        // Shared so that a listener started again (on another runtime) takes over the commands.
+        let received = Arc::new(tokio::sync::Mutex::new(received));
+        let listening = keys.clone();
+        background.spawn_service(move |stop| {
+            let listener = Listener {
+                store: store.clone(),
+                keys: listening.clone(),
+                feed: None,
+                backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
+                reopen_at: None,
+            };
+            listener.run(received.clone(), stop)
+        });
         Self { keys, commands }
     }
 
-    /// Joins the queue of `key`, subscribing to its releases if this is the first waiter.
-    pub(crate) fn join(&self, key: &str) -> Ticket<'_> {
+    /// Opens the subscription connection now, so the first waiter pays nothing.
+    pub(crate) async fn connect(&self) -> Result<(), StoreError> {
+        let (reply, outcome) = oneshot::channel();
+        if self.commands.send(Command::Connect(reply)).is_err() {
+            return Ok(());
+        }
+        outcome.await.unwrap_or(Ok(()))
+    }
+
+    /// Joins the queue of `key`, subscribing to its releases if this is the first waiter. With
+    /// `everyone`, each release wakes every waiter of the key in this client, not just one.
+    pub(crate) fn join(&self, key: &str, everyone: bool, prefix: Prefix) -> Ticket<'_> {
+        metrics::waiters(&prefix, 1.0);
         let mut keys = lock(&self.keys);
         let waiters = keys
             .entry(key.to_owned())
@@ -57,7 +105,8 @@ impl WaitQueue {
                 Arc::new(KeyWaiters {
                     released: Notify::new(),
                     waiters: Mutex::new(0),
-                    subscribed: watch::Sender::new(false),
+                    everyone: std::sync::atomic::AtomicUsize::new(0),
+                    hearing: watch::Sender::new(Hearing::Pending),
                 })
             })
             .clone();
@@ -67,6 +116,11 @@ impl WaitQueue {
             *count == 1
         };
         drop(keys);
+        if everyone {
+            waiters
+                .everyone
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         if first {
             let _ = self.commands.send(Command::Watch(key.to_owned()));
         }
@@ -74,15 +128,22 @@ impl WaitQueue {
             queue: self,
             key: key.to_owned(),
             waiters,
+            everyone,
+            prefix,
         }
     }
 }
 
 impl Ticket<'_> {
-    /// Waits (at most `budget`) until releases of the key are heard, so none is missed after.
-    pub(crate) async fn subscribed(&self, budget: Duration) {
-        let mut subscribed = self.waiters.subscribed.subscribe();
-        let _ = tokio::time::timeout(budget, subscribed.wait_for(|heard| *heard)).await;
+    /// Waits (at most `budget`) until the subscription is confirmed or has failed; `true` when
+    /// releases of the key are heard from now on.
+    pub(crate) async fn subscribed(&self, budget: Duration) -> bool {
+        let mut hearing = self.waiters.hearing.subscribe();
+        let settled = hearing.wait_for(|hearing| *hearing != Hearing::Pending);
+        matches!(
+            tokio::time::timeout(budget, settled).await,
+            Ok(Ok(heard)) if *heard == Hearing::Heard
+        )
     }
 
     /// Waits for a release of the key, or `fallback`, whichever comes first.
@@ -93,6 +154,12 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
+        metrics::waiters(&self.prefix, -1.0);
+        if self.everyone {
+            self.waiters
+                .everyone
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         let mut keys = lock(&self.queue.keys);
         let mut count = lock(&self.waiters.waiters);
         *count -= 1;
@@ -108,86 +175,166 @@ impl Drop for Ticket<'_> {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+impl KeyWaiters {
+    /// After a release: one waiter looks (FIFO within the client), or every waiter when some
+    /// must all look; a permit is kept for a waiter between two looks.
+    fn wake(&self) {
+        if self.everyone.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            self.released.notify_waiters();
+        }
+        self.released.notify_one();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The subscription task: follows watch/unwatch commands and turns announcements into wake-ups.
-async fn listen(
-    backend: Arc<Backend>,
-    keys: Arc<Mutex<HashMap<String, Arc<KeyWaiters>>>>,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-) {
-    let mut feed: Option<ReleaseFeed> = None;
-    loop {
-        let released = async {
-            match feed.as_mut() {
-                Some(feed) => feed.next_release().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            command = commands.recv() => match command {
-                Some(Command::Watch(key)) => {
-                    if feed.is_none() {
-                        feed = reconnect(&backend, &keys).await;
-                    }
-                    let waiters = lock(&keys).get(&key).cloned();
-                    // A reconnect just now has subscribed every waited-for key already.
-                    if let (Some(live), Some(waiters)) = (feed.as_mut(), waiters)
-                        && !*waiters.subscribed.borrow()
-                    {
-                        match live.watch(&key).await {
-                            Ok(()) => { waiters.subscribed.send_replace(true); }
-                            Err(failure) => {
-                                tracing::debug!(key = %key, error = %failure, "cannot subscribe to releases; waiters fall back to the lease's remaining time");
-                                feed = None;
-                            }
-                        }
-                    }
-                }
-                Some(Command::Unwatch(key)) => {
-                    if let Some(live) = feed.as_mut() && live.unwatch(&key).await.is_err() {
-                        feed = None;
-                    }
-                }
-                None => return,
-            },
-            key = released => match key {
-                Some(key) => {
-                    if let Some(waiters) = lock(&keys).get(&key) {
-                        waiters.released.notify_one();
-                    }
-                }
-                None => {
-                    tracing::debug!("release subscription lost; resubscribing");
-                    drop(feed.take());
-                    for waiters in lock(&keys).values() {
-                        waiters.subscribed.send_replace(false);
-                        // Anyone waiting may have missed a release: let one of them look.
-                        waiters.released.notify_one();
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    feed = reconnect(&backend, &keys).await;
-                }
-            },
-        }
-    }
+struct Listener {
+    store: Arc<dyn Store>,
+    keys: Arc<Keys>,
+    feed: Option<Box<dyn ReleaseFeed>>,
+    backoff: Backoff,
+    /// When to try opening the subscription again after it failed.
+    reopen_at: Option<Instant>,
 }
 
-/// Opens the subscription connection and subscribes every key that has waiters.
-async fn reconnect(
-    backend: &Backend,
-    keys: &Mutex<HashMap<String, Arc<KeyWaiters>>>,
-) -> Option<ReleaseFeed> {
-    let mut feed = backend.release_feed().await.ok()?;
-    let watched: Vec<(String, Arc<KeyWaiters>)> = lock(keys)
-        .iter()
-        .map(|(key, waiters)| (key.clone(), waiters.clone()))
-        .collect();
-    for (key, waiters) in watched {
-        feed.watch(&key).await.ok()?;
-        waiters.subscribed.send_replace(true);
+impl Listener {
+    async fn run(
+        mut self,
+        commands: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Command>>>,
+        stop: CancellationToken,
+    ) {
+        let mut commands = commands.lock().await;
+        if !lock(&self.keys).is_empty() {
+            // Started again with waiters already waiting: subscribe them.
+            let _ = self.open().await;
+        }
+        loop {
+            let reopen_at = self.reopen_at;
+            let feed = self.feed.as_mut();
+            let released = async {
+                match feed {
+                    Some(feed) => feed.next_release().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let reopen = async {
+                match reopen_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return,
+                command = commands.recv() => match command {
+                    Some(command) => self.obey(command).await,
+                    None => return,
+                },
+                released = released => match released {
+                    Some(released) => {
+                        if let Some(waiters) = lock(&self.keys).get(&released.key) {
+                            waiters.wake();
+                        }
+                    }
+                    None => self.lost("the release subscription's connection closed"),
+                },
+                () = reopen => {
+                    self.reopen_at = None;
+                    let _ = self.open().await;
+                }
+            }
+        }
     }
-    Some(feed)
+
+    async fn obey(&mut self, command: Command) {
+        match command {
+            Command::Connect(reply) => {
+                let opened = match self.feed {
+                    Some(_) => Ok(()),
+                    None => self.open().await,
+                };
+                let _ = reply.send(opened);
+            }
+            Command::Watch(key) => {
+                let Some(waiters) = lock(&self.keys).get(&key).cloned() else {
+                    return;
+                };
+                if self.feed.is_none() {
+                    // Opening subscribes every waited-for key, this one included.
+                    if self.reopen_at.is_some() {
+                        waiters.hearing.send_replace(Hearing::Unheard);
+                    } else {
+                        let _ = self.open().await;
+                    }
+                    return;
+                }
+                if *waiters.hearing.borrow() == Hearing::Heard {
+                    return;
+                }
+                let Some(feed) = self.feed.as_mut() else {
+                    return;
+                };
+                match feed.watch(&key).await {
+                    Ok(()) => {
+                        waiters.hearing.send_replace(Hearing::Heard);
+                    }
+                    Err(error) => {
+                        tracing::debug!(key = %key, error = %error, "cannot subscribe to releases; waiters go by the holder's remaining lease");
+                        self.lost("subscribing failed");
+                    }
+                }
+            }
+            Command::Unwatch(key) => {
+                if let Some(feed) = self.feed.as_mut()
+                    && let Err(error) = feed.unwatch(&key).await
+                {
+                    tracing::debug!(key = %key, error = %error, "unsubscribing failed");
+                    self.lost("unsubscribing failed");
+                }
+            }
+        }
+    }
+
+    /// Opens the subscription and subscribes every key that has waiters.
+    async fn open(&mut self) -> Result<(), StoreError> {
+        let watched: Vec<(String, Arc<KeyWaiters>)> = lock(&self.keys)
+            .iter()
+            .map(|(key, waiters)| (key.clone(), waiters.clone()))
+            .collect();
+        let opened = async {
+            let mut feed = self.store.release_feed().await?;
+            for (key, waiters) in &watched {
+                feed.watch(key).await?;
+                waiters.hearing.send_replace(Hearing::Heard);
+            }
+            Ok::<_, StoreError>(feed)
+        };
+        match opened.await {
+            Ok(feed) => {
+                self.feed = Some(feed);
+                self.backoff.reset();
+                Ok(())
+            }
+            Err(error) => {
+                tracing::debug!(error = %error, "cannot open the release subscription");
+                self.lost("opening the release subscription failed");
+                Err(error)
+            }
+        }
+    }
+
+    /// The subscription is gone or unusable: every waiter goes by timing until it is back, and
+    /// one waiter per key looks at once, in case a release was missed.
+    fn lost(&mut self, why: &str) {
+        if self.feed.take().is_some() {
+            tracing::debug!(why, "release subscription lost; reopening");
+        }
+        for waiters in lock(&self.keys).values() {
+            waiters.hearing.send_replace(Hearing::Unheard);
+            waiters.released.notify_one();
+        }
+        self.reopen_at = Some(Instant::now() + self.backoff.next_delay());
+    }
 }

@@ -20,27 +20,53 @@ mod kw {
     syn::custom_keyword!(wait);
     syn::custom_keyword!(client);
     syn::custom_keyword!(fencing);
+    syn::custom_keyword!(mode);
+    syn::custom_keyword!(permits);
+    syn::custom_keyword!(fair);
     syn::custom_keyword!(unlimited);
+    syn::custom_keyword!(read);
+    syn::custom_keyword!(write);
 }
 
 /// What one `#[redis_lock(...)]` asks for, every value checked.
 pub(crate) struct Configuration {
-    /// Path of the runtime crate in generated code.
-    pub(crate) krate: Path,
+    /// Path of the runtime crate in generated code, when `crate = "..."` names it.
+    pub(crate) krate: Option<Path>,
     /// The key namespace, non-empty.
     pub(crate) prefix: LitStr,
     /// The user's key expression, if any.
     pub(crate) key: Option<Expr>,
     /// The user's client expression, if any.
     pub(crate) client: Option<Expr>,
-    /// Lease length in milliseconds, non-zero; `None` keeps the runtime's default.
-    pub(crate) ttl_millis: Option<u64>,
+    /// Lease length; `None` keeps the runtime's default.
+    pub(crate) ttl: Option<Length>,
     /// `None` keeps the runtime's default.
     pub(crate) max_renewals: Option<Renewals>,
-    /// How long to wait for a busy lock in milliseconds, non-zero; `None` fails fast.
-    pub(crate) wait_millis: Option<u64>,
+    /// How long to wait for a busy lock; `None` fails fast.
+    pub(crate) wait: Option<Length>,
     /// Whether to hand out fencing tokens.
     pub(crate) fencing: bool,
+    /// Who may hold the key at once; `None` is exclusive.
+    pub(crate) kind: Option<Kind>,
+    /// Whether waiters are served in arrival order.
+    pub(crate) fair: bool,
+}
+
+/// A length of time given to `ttl` or `wait`.
+pub(crate) enum Length {
+    /// A literal, checked here: milliseconds, non-zero.
+    Millis(u64),
+    /// Any other expression (`LOCK_TTL`, `self.wait`, `Duration::from_secs(5)`): a `Duration`
+    /// or integer seconds, evaluated when called and checked then.
+    Expr(Expr),
+}
+
+/// The lock kind asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Read,
+    Write,
+    Permits(u32),
 }
 
 /// The value of `max_renewals`.
@@ -63,20 +89,18 @@ impl Configuration {
         }
         errors.finish()?;
         Ok(Self {
-            krate: fields.krate.unwrap_or_else(default_crate),
+            krate: fields.krate,
             prefix: fields.prefix.ok_or_else(missing_prefix)?,
             key: fields.key,
             client: fields.client,
-            ttl_millis: fields.ttl_millis,
+            ttl: fields.ttl,
             max_renewals: fields.max_renewals,
-            wait_millis: fields.wait_millis,
+            wait: fields.wait,
             fencing: fields.fencing,
+            kind: fields.mode.or(fields.permits),
+            fair: fields.fair,
         })
     }
-}
-
-fn default_crate() -> Path {
-    syn::parse_quote_spanned!(Span::mixed_site()=> ::lockmacro_runtime)
 }
 
 fn missing_prefix() -> Error {
@@ -96,11 +120,14 @@ enum Argument {
     Wait,
     Client,
     Fencing,
+    Mode,
+    Permits,
+    Fair,
     Crate,
 }
 
-const VALID_NAMES: &str =
-    "`prefix`, `key`, `ttl`, `max_renewals`, `wait`, `client`, `fencing`, `crate`";
+const VALID_NAMES: &str = "`prefix`, `key`, `ttl`, `max_renewals`, `wait`, `client`, `fencing`, \
+                           `mode`, `permits`, `fair`, `crate`";
 
 impl Argument {
     fn peek(input: ParseStream<'_>) -> Option<Self> {
@@ -118,6 +145,12 @@ impl Argument {
             Self::Client
         } else if input.peek(kw::fencing) {
             Self::Fencing
+        } else if input.peek(kw::mode) {
+            Self::Mode
+        } else if input.peek(kw::permits) {
+            Self::Permits
+        } else if input.peek(kw::fair) {
+            Self::Fair
         } else if input.peek(Token![crate]) {
             Self::Crate
         } else {
@@ -135,6 +168,9 @@ impl Argument {
             Self::Wait => "wait = \"5s\"",
             Self::Client => "client = self.locks",
             Self::Fencing => "fencing = true",
+            Self::Mode => "mode = read",
+            Self::Permits => "permits = 3",
+            Self::Fair => "fair = true",
             Self::Crate => "crate = \"::lockmacro_runtime\"",
         }
     }
@@ -148,10 +184,16 @@ struct Fields {
     prefix: Option<LitStr>,
     key: Option<Expr>,
     client: Option<Expr>,
-    ttl_millis: Option<u64>,
+    ttl: Option<Length>,
     max_renewals: Option<Renewals>,
-    wait_millis: Option<u64>,
+    wait: Option<Length>,
     fencing: bool,
+    /// `mode = ...` and where it was written, for the clash with `permits`.
+    mode: Option<Kind>,
+    mode_span: Option<Span>,
+    permits: Option<Kind>,
+    permits_span: Option<Span>,
+    fair: bool,
 }
 
 impl Fields {
@@ -221,14 +263,41 @@ impl Fields {
         match argument {
             Argument::Prefix => self.prefix = Some(prefix(value)?),
             Argument::Key => self.key = Some(value),
-            Argument::Ttl => self.ttl_millis = Some(ttl(&value)?),
+            Argument::Ttl => self.ttl = Some(ttl(value)?),
             Argument::MaxRenewals => self.max_renewals = Some(max_renewals(&value)?),
-            Argument::Wait => self.wait_millis = Some(wait(&value)?),
+            Argument::Wait => self.wait = Some(wait(value)?),
             Argument::Client => self.client = Some(value),
-            Argument::Fencing => self.fencing = fencing(&value)?,
+            Argument::Fencing => self.fencing = boolean("fencing", &value)?,
+            Argument::Mode => {
+                self.mode_span = Some(name.span());
+                self.mode = Some(mode(&value)?);
+                self.clash()?;
+            }
+            Argument::Permits => {
+                self.permits_span = Some(name.span());
+                self.permits = Some(permits(&value)?);
+                self.clash()?;
+            }
+            Argument::Fair => self.fair = boolean("fair", &value)?,
             Argument::Crate => self.krate = Some(crate_path(&value)?),
         }
         Ok(())
+    }
+
+    /// `mode` and `permits` together make no sense: a semaphore's holders share it already.
+    fn clash(&self) -> syn::Result<()> {
+        match (self.mode_span, self.permits_span) {
+            (Some(mode), Some(permits)) => {
+                let mut error = Error::new(
+                    permits,
+                    "`permits` cannot be combined with `mode`: a semaphore's holders already share \
+                     the key; remove `mode`",
+                );
+                error.combine(Error::new(mode, "`mode` given here"));
+                Err(error)
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -252,27 +321,35 @@ fn prefix(value: Expr) -> syn::Result<LitStr> {
     }
 }
 
-fn ttl(value: &Expr) -> syn::Result<u64> {
-    match duration_millis("ttl", value)? {
-        0 => Err(Error::new_spanned(
-            value,
-            "`ttl` must be greater than zero; write a lease length such as `ttl = 30`",
-        )),
-        millis => Ok(millis),
+fn ttl(value: Expr) -> syn::Result<Length> {
+    length(
+        "ttl",
+        value,
+        "`ttl` must be greater than zero; write a lease length such as `ttl = 30`",
+    )
+}
+
+fn wait(value: Expr) -> syn::Result<Length> {
+    length(
+        "wait",
+        value,
+        "`wait` must be greater than zero; omit `wait` to fail fast when the lock is busy",
+    )
+}
+
+/// A literal is checked now (`if_zero` when it is zero); anything else is an expression of
+/// type `Duration` or integer seconds, checked when called.
+fn length(argument: &str, value: Expr, if_zero: &str) -> syn::Result<Length> {
+    if !matches!(value, Expr::Lit(_)) {
+        return Ok(Length::Expr(value));
+    }
+    match duration_millis(argument, &value)? {
+        0 => Err(Error::new_spanned(&value, if_zero)),
+        millis => Ok(Length::Millis(millis)),
     }
 }
 
-fn wait(value: &Expr) -> syn::Result<u64> {
-    match duration_millis("wait", value)? {
-        0 => Err(Error::new_spanned(
-            value,
-            "`wait` must be greater than zero; omit `wait` to fail fast when the lock is busy",
-        )),
-        millis => Ok(millis),
-    }
-}
-
-/// `3` (seconds) or `"500ms"` / `"3s"` / `"2m"`, in milliseconds.
+/// `3` (seconds) or `"500ms"` / `"3s"` / `"2m"` / `"1h"`, in milliseconds.
 fn duration_millis(argument: &str, value: &Expr) -> syn::Result<u64> {
     match value {
         Expr::Lit(ExprLit {
@@ -295,15 +372,16 @@ fn duration_millis(argument: &str, value: &Expr) -> syn::Result<u64> {
         other => Err(Error::new_spanned(
             other,
             format!(
-                "`{argument}` must be an integer of seconds or a string with a unit `ms`, `s` or `m`; \
-                 write `{argument} = 3` or `{argument} = \"500ms\"`"
+                "`{argument}` must be an integer of seconds, a string with a unit `ms`, `s`, `m` or `h`, \
+                 or an expression of type `Duration`; write `{argument} = 3`, `{argument} = \"500ms\"` \
+                 or `{argument} = LOCK_TTL`"
             ),
         )),
     }
 }
 
 fn is_unit(suffix: &str) -> bool {
-    matches!(suffix, "ms" | "s" | "m")
+    matches!(suffix, "ms" | "s" | "m" | "h")
 }
 
 fn unit_outside_string(argument: &str, literal: &LitInt) -> Error {
@@ -331,16 +409,16 @@ impl DurationError {
     fn message(&self, argument: &str) -> String {
         match self {
             Self::NoNumber => format!(
-                "`{argument}` must be a whole number followed by a unit `ms`, `s` or `m`, such as `{argument} = \"500ms\"`"
+                "`{argument}` must be a whole number followed by a unit `ms`, `s`, `m` or `h`, such as `{argument} = \"500ms\"`"
             ),
             Self::Fraction => format!(
                 "`{argument}` takes whole numbers; use a smaller unit, such as `{argument} = \"1500ms\"` for 1.5 s"
             ),
             Self::NoUnit => format!(
-                "`{argument}` needs a unit after the number: `ms`, `s` or `m`, such as `{argument} = \"3s\"`; or write the integer `{argument} = 3` for seconds"
+                "`{argument}` needs a unit after the number: `ms`, `s`, `m` or `h`, such as `{argument} = \"3s\"`; or write the integer `{argument} = 3` for seconds"
             ),
             Self::UnknownUnit(unit) => format!(
-                "unknown unit `{unit}` in `{argument}`; use `ms`, `s` or `m`, such as `{argument} = \"500ms\"`"
+                "unknown unit `{unit}` in `{argument}`; use `ms`, `s`, `m` or `h`, such as `{argument} = \"500ms\"`"
             ),
             Self::TooLarge => {
                 format!("`{argument}` is too large; it must fit in a `u64` of milliseconds")
@@ -349,7 +427,7 @@ impl DurationError {
     }
 }
 
-/// `"500ms"`, `"3s"` or `"2m"` in milliseconds: digits, then the unit, nothing else.
+/// `"500ms"`, `"3s"`, `"2m"` or `"1h"` in milliseconds: digits, then the unit, nothing else.
 fn parse_duration(text: &str) -> Result<u64, DurationError> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
@@ -362,6 +440,7 @@ fn parse_duration(text: &str) -> Result<u64, DurationError> {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
+        "h" => 3_600_000,
         "" => return Err(DurationError::NoUnit),
         fraction if fraction.starts_with(['.', ',']) => return Err(DurationError::Fraction),
         other => return Err(DurationError::UnknownUnit(other.to_owned())),
@@ -394,15 +473,48 @@ fn max_renewals(value: &Expr) -> syn::Result<Renewals> {
     }
 }
 
-fn fencing(value: &Expr) -> syn::Result<bool> {
+fn boolean(argument: &str, value: &Expr) -> syn::Result<bool> {
     match value {
         Expr::Lit(ExprLit {
-            lit: Lit::Bool(fencing),
+            lit: Lit::Bool(flag),
             ..
-        }) => Ok(fencing.value),
+        }) => Ok(flag.value),
         other => Err(Error::new_spanned(
             other,
-            "`fencing` must be `true` or `false`; write `fencing = true`",
+            format!("`{argument}` must be `true` or `false`; write `{argument} = true`"),
+        )),
+    }
+}
+
+fn mode(value: &Expr) -> syn::Result<Kind> {
+    if let Ok(kw::read { .. }) = syn::parse2(value.to_token_stream()) {
+        return Ok(Kind::Read);
+    }
+    if let Ok(kw::write { .. }) = syn::parse2(value.to_token_stream()) {
+        return Ok(Kind::Write);
+    }
+    Err(Error::new_spanned(
+        value,
+        "`mode` must be `read` or `write`; write `mode = read` to share the key with other readers",
+    ))
+}
+
+fn permits(value: &Expr) -> syn::Result<Kind> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(count),
+            ..
+        }) if count.suffix().is_empty() => match count.base10_parse::<u32>() {
+            Ok(0) => Err(Error::new(
+                count.span(),
+                "`permits` must be at least 1; a semaphore of no permits is never free",
+            )),
+            Ok(permits) => Ok(Kind::Permits(permits)),
+            Err(_) => Err(Error::new(count.span(), "`permits` must fit in a `u32`")),
+        },
+        other => Err(Error::new_spanned(
+            other,
+            "`permits` must be a positive integer literal; write `permits = 3`",
         )),
     }
 }
@@ -442,6 +554,7 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(500));
         assert_eq!(parse_duration("3s"), Ok(3_000));
         assert_eq!(parse_duration("2m"), Ok(120_000));
+        assert_eq!(parse_duration("2h"), Ok(7_200_000));
         assert_eq!(parse_duration("0s"), Ok(0));
         assert_eq!(parse_duration("007ms"), Ok(7));
     }
@@ -455,8 +568,8 @@ mod tests {
         assert_eq!(parse_duration("3"), Err(DurationError::NoUnit));
         assert_eq!(parse_duration("1.5s"), Err(DurationError::Fraction));
         assert_eq!(
-            parse_duration("2h"),
-            Err(DurationError::UnknownUnit("h".into()))
+            parse_duration("2d"),
+            Err(DurationError::UnknownUnit("d".into()))
         );
         assert_eq!(
             parse_duration("3 s"),
@@ -479,9 +592,11 @@ mod tests {
     #[test]
     fn integer_ttl_is_seconds() {
         let config = super::Configuration::parse(quote!(prefix = "p", ttl = 3)).unwrap();
-        assert_eq!(config.ttl_millis, Some(3_000));
+        assert!(matches!(config.ttl, Some(super::Length::Millis(3_000))));
         let config = super::Configuration::parse(quote!(ttl = "250ms", prefix = "p")).unwrap();
-        assert_eq!(config.ttl_millis, Some(250));
+        assert!(matches!(config.ttl, Some(super::Length::Millis(250))));
+        let config = super::Configuration::parse(quote!(ttl = LOCK_TTL, prefix = "p")).unwrap();
+        assert!(matches!(config.ttl, Some(super::Length::Expr(_))));
     }
 
     #[test]
@@ -489,18 +604,34 @@ mod tests {
         let config =
             super::Configuration::parse(quote!(prefix = "p", max_renewals = unlimited)).unwrap();
         assert_eq!(config.max_renewals, Some(Renewals::Unlimited));
-        assert_eq!(config.ttl_millis, None);
-        assert_eq!(config.wait_millis, None);
+        assert!(config.ttl.is_none());
+        assert!(config.wait.is_none());
         assert!(!config.fencing);
         let config =
             super::Configuration::parse(quote!(prefix = "p", max_renewals = 0, wait = 1)).unwrap();
         assert_eq!(config.max_renewals, Some(Renewals::Limited(0)));
-        assert_eq!(config.wait_millis, Some(1_000));
+        assert!(matches!(config.wait, Some(super::Length::Millis(1_000))));
+    }
+
+    #[test]
+    fn kinds() {
+        let config = super::Configuration::parse(quote!(prefix = "p", mode = read)).unwrap();
+        assert_eq!(config.kind, Some(super::Kind::Read));
+        let config =
+            super::Configuration::parse(quote!(prefix = "p", permits = 3, fair = true)).unwrap();
+        assert_eq!(config.kind, Some(super::Kind::Permits(3)));
+        assert!(config.fair);
+        assert!(
+            super::Configuration::parse(quote!(prefix = "p", mode = read, permits = 2)).is_err()
+        );
+        assert!(super::Configuration::parse(quote!(prefix = "p", permits = 0)).is_err());
+        assert!(super::Configuration::parse(quote!(prefix = "p", mode = banana)).is_err());
+        assert!(super::Configuration::parse(quote!(prefix = "p", fair = "yes")).is_err());
     }
 
     #[test]
     fn every_bad_argument_is_reported() {
-        let error = super::Configuration::parse(quote!(ttl = 0, bogus = 1, wait = "2h", ttl = 1))
+        let error = super::Configuration::parse(quote!(ttl = 0, bogus = 1, wait = "2d", ttl = 1))
             .err()
             .unwrap();
         assert_eq!(error.into_iter().count(), 5);

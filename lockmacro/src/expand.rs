@@ -1,28 +1,32 @@
 //! Writes the locked function: the user's signature token for token, and a body that builds the
 //! key, client and options, then runs the original body as a future under the lock.
 //!
-//! Generated code names only `#krate::…` and `::core::…`. Its tokens carry `Span::mixed_site()`
-//! (located at the user's tokens where an error should point there), so the body cannot see the
-//! `__lm_` temporaries and lints such as `unused_qualifications` leave the generated paths alone.
+//! Generated code names only `#runtime::__private::vX_Y_Z::…`, the runtime's private module of
+//! this very version (so a macro and a runtime of different versions fail to compile rather than
+//! disagree), and `::core::…`. Its tokens carry `Span::mixed_site()` (located at the user's tokens
+//! where an error should point there), so the body cannot see the `__lm_` temporaries and lints
+//! such as `unused_qualifications` leave the generated paths alone.
 
+use proc_macro_crate::FoundCrate;
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, quote_spanned};
+use quote::{ToTokens, format_ident, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
-use syn::{GenericArgument, ItemFn, Path, PathArguments, Token, Type, TypeInfer};
+use syn::{Error, GenericArgument, Ident, ItemFn, Path, PathArguments, Token, Type, TypeInfer};
 
-use crate::attr::{Configuration, Renewals};
+use crate::attr::{Configuration, Kind, Length, Renewals};
 use crate::valid::{self, LockedBody, LockedFn};
 
 /// The whole attribute: read, check, write. On any error the function is emitted unchanged next
 /// to the errors, so callers see no second error and IDEs keep working.
 pub(crate) fn redis_lock(args: TokenStream, item: TokenStream) -> TokenStream {
-    let config = Configuration::parse(args);
+    let config = Configuration::parse(args)
+        .and_then(|config| private_module(&config).map(|private| (config, private)));
     let func = syn::parse2::<ItemFn>(item.clone())
         .map_err(valid::not_a_function)
         .and_then(|func| valid::check(&func).map(|locked| (func, locked)));
     match valid::join(config, func) {
-        Ok((config, (func, locked))) => locked_fn(&config, &func, locked),
+        Ok(((config, private), (func, locked))) => locked_fn(&config, &private, &func, locked),
         Err(error) => {
             let mut tokens = error.into_compile_error();
             tokens.extend(item);
@@ -31,42 +35,84 @@ pub(crate) fn redis_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-fn locked_fn(config: &Configuration, func: &ItemFn, locked: LockedFn) -> TokenStream {
+/// `#runtime::__private::vX_Y_Z`: where generated code finds the runtime. The runtime is where
+/// `crate = "..."` says, else wherever the user's `Cargo.toml` puts `lockmacro-runtime` (renamed
+/// or not); without it, the error says which crate to add.
+fn private_module(config: &Configuration) -> syn::Result<Path> {
+    let runtime: Path = match &config.krate {
+        Some(path) => path.clone(),
+        None => match proc_macro_crate::crate_name("lockmacro-runtime") {
+            Ok(FoundCrate::Name(name)) => {
+                let name = Ident::new(&name, Span::mixed_site());
+                syn::parse_quote_spanned!(Span::mixed_site()=> ::#name)
+            }
+            // The runtime's own doctests are crates of their own that depend on it.
+            Ok(FoundCrate::Itself) => {
+                syn::parse_quote_spanned!(Span::mixed_site()=> ::lockmacro_runtime)
+            }
+            Err(_) => {
+                return Err(Error::new(
+                    Span::call_site(),
+                    "`#[redis_lock]` needs the `lockmacro-runtime` crate, which runs the locks and \
+                     re-exports this attribute: add `lockmacro-runtime = \"0.1\"` to \
+                     `[dependencies]` and import `lockmacro_runtime::redis_lock`, or name where \
+                     the runtime is with `crate = \"path\"`",
+                ));
+            }
+        },
+    };
+    let version = format_ident!(
+        "v{}_{}_{}",
+        env!("CARGO_PKG_VERSION_MAJOR"),
+        env!("CARGO_PKG_VERSION_MINOR"),
+        env!("CARGO_PKG_VERSION_PATCH"),
+        span = Span::mixed_site()
+    );
+    Ok(syn::parse_quote_spanned!(Span::mixed_site()=> #runtime::__private::#version))
+}
+
+fn locked_fn(
+    config: &Configuration,
+    private: &Path,
+    func: &ItemFn,
+    locked: LockedFn,
+) -> TokenStream {
     let ItemFn {
         attrs, vis, sig, ..
     } = func;
-    let inputs = lock_inputs(config);
+    let inputs = lock_inputs(config, private);
     let body = match locked.body {
         LockedBody::Async(block) => {
             let run = run_locked(
                 config,
+                private,
                 &locked.output,
                 quote_spanned!(Span::mixed_site()=> async move #block),
             );
             quote_spanned!(Span::mixed_site()=> { #inputs #run })
         }
         LockedBody::AsyncTrait { boxer, future } => {
-            let run = run_locked(config, &locked.output, future.into_token_stream());
+            let run = run_locked(config, private, &locked.output, future.into_token_stream());
             quote_spanned!(Span::mixed_site()=> { #inputs #boxer(async move { #run }) })
         }
     };
     quote_spanned!(Span::mixed_site()=> #(#attrs)* #vis #sig #body)
 }
 
-/// The key and client, evaluated by reference before the body takes its parameters, and the options.
-fn lock_inputs(config: &Configuration) -> TokenStream {
-    let krate = &config.krate;
+/// The key, client and run-time lengths, evaluated by reference before the body takes its
+/// parameters, and the options.
+fn lock_inputs(config: &Configuration, private: &Path) -> TokenStream {
     let prefix = &config.prefix;
     let key = match &config.key {
         // Spanned at the key, so "not `Display`" and "cannot find value" land on the user's tokens.
-        Some(key) => quote_spanned!(at(key)=> #krate::__private::prefixed_key(#prefix, &(#key))),
-        None => quote_spanned!(Span::mixed_site()=> #krate::__private::prefix_only_key(#prefix)),
+        Some(key) => quote_spanned!(at(key)=> #private::prefixed_key(#prefix, &(#key))),
+        None => quote_spanned!(Span::mixed_site()=> #private::prefix_only_key(#prefix)),
     };
     let client = match &config.client {
-        Some(client) => quote_spanned!(at(client)=> #krate::__private::client_from(&(#client))),
-        None => quote_spanned!(Span::mixed_site()=> #krate::__private::default_client()),
+        Some(client) => quote_spanned!(at(client)=> #private::client_from(&(#client))),
+        None => quote_spanned!(Span::mixed_site()=> #private::default_client()),
     };
-    let options = lock_options(config);
+    let options = lock_options(config, private);
     quote_spanned! {Span::mixed_site()=>
         let __lm_key = #key;
         let __lm_client = #client;
@@ -74,15 +120,10 @@ fn lock_inputs(config: &Configuration) -> TokenStream {
     }
 }
 
-/// `LockOptions::new()` with the arguments that were given; the runtime owns the defaults.
-fn lock_options(config: &Configuration) -> TokenStream {
-    let krate = &config.krate;
-    let mut options = quote_spanned!(Span::mixed_site()=> #krate::LockOptions::new());
-    if let Some(millis) = config.ttl_millis {
-        options.extend(quote_spanned!(Span::mixed_site()=>
-            .ttl(#krate::__private::Duration::from_millis(#millis))
-        ));
-    }
+/// `LockOptions::new()` with the arguments that were given (the runtime owns the defaults), and
+/// the lengths given as expressions, checked when called.
+fn lock_options(config: &Configuration, private: &Path) -> TokenStream {
+    let mut options = quote_spanned!(Span::mixed_site()=> #private::LockOptions::new());
     match config.max_renewals {
         Some(Renewals::Limited(renewals)) => {
             options.extend(quote_spanned!(Span::mixed_site()=> .max_renewals(#renewals)));
@@ -92,27 +133,62 @@ fn lock_options(config: &Configuration) -> TokenStream {
         }
         None => {}
     }
-    if let Some(millis) = config.wait_millis {
-        options.extend(quote_spanned!(Span::mixed_site()=>
-            .wait(#krate::__private::Duration::from_millis(#millis))
-        ));
-    }
     if config.fencing {
         options.extend(quote_spanned!(Span::mixed_site()=> .fencing(true)));
     }
-    options
+    match config.kind {
+        Some(Kind::Read) => options.extend(quote_spanned!(Span::mixed_site()=> .read())),
+        Some(Kind::Write) => options.extend(quote_spanned!(Span::mixed_site()=> .write())),
+        Some(Kind::Permits(permits)) => {
+            options.extend(quote_spanned!(Span::mixed_site()=> .permits(#permits)));
+        }
+        None => {}
+    }
+    if config.fair {
+        options.extend(quote_spanned!(Span::mixed_site()=> .fair(true)));
+    }
+    let ttl = length(private, "ttl", config.ttl.as_ref());
+    let wait = length(private, "wait", config.wait.as_ref());
+    quote_spanned!(Span::mixed_site()=> #private::options(#options, #ttl, #wait))
+}
+
+/// An `Option<Result<Duration, LockError>>`: a literal's milliseconds, or the expression's value
+/// converted (and checked) when called, spanned at it so a wrong type is reported there.
+fn length(private: &Path, argument: &str, length: Option<&Length>) -> TokenStream {
+    match length {
+        None => quote_spanned!(Span::mixed_site()=> ::core::option::Option::None),
+        Some(Length::Millis(millis)) => quote_spanned!(Span::mixed_site()=>
+            ::core::option::Option::Some(::core::result::Result::Ok(
+                #private::Duration::from_millis(#millis)
+            ))
+        ),
+        Some(Length::Expr(value)) => quote_spanned!(at(value)=>
+            ::core::option::Option::Some(#private::length(#argument, &(#value)))
+        ),
+    }
 }
 
 /// Runs `future` (the original body) under the lock and turns a lock failure into the
 /// function's own error type.
-fn run_locked(config: &Configuration, output: &Type, future: TokenStream) -> TokenStream {
-    let krate = &config.krate;
+fn run_locked(
+    config: &Configuration,
+    private: &Path,
+    output: &Type,
+    future: TokenStream,
+) -> TokenStream {
     let output = impl_trait_inferred(output);
-    let lock_failed = lock_error_into(krate, &output);
+    let lock_failed = lock_error_into(private, &output);
+    let prefix = &config.prefix;
     quote_spanned! {Span::mixed_site()=>
         // The return type fixes the block's output, so `?` and `return` infer as before.
-        let __lm_body = #krate::__private::typed_body::<#output, _>(#future);
-        match #krate::__private::run(__lm_client, __lm_key, __lm_options, __lm_body).await {
+        let __lm_body = #private::typed_body::<#output, _>(#future);
+        let __lm_failed = |__lm_out: &#output| {
+            use #private::{JudgeOther as _, JudgeResult as _};
+            (&#private::Judge(__lm_out)).failed()
+        };
+        match #private::run(__lm_client, __lm_key, __lm_options, #prefix, __lm_body, __lm_failed)
+            .await
+        {
             ::core::result::Result::Ok(__lm_out) => __lm_out,
             ::core::result::Result::Err(__lm_err) => #lock_failed,
         }
@@ -122,15 +198,15 @@ fn run_locked(config: &Configuration, output: &Type, future: TokenStream) -> Tok
 /// `Err(E::from(error))` spanned at `E` when the return type is written `Result<T, E>`, so a
 /// missing `From<LockError>` is reported on the user's error type; otherwise the runtime's
 /// `LockResult`, spanned at the whole return type, whose message says what to return.
-fn lock_error_into(krate: &Path, output: &Type) -> TokenStream {
+fn lock_error_into(private: &Path, output: &Type) -> TokenStream {
     match result_error_type(output) {
         Some(error) => quote_spanned! {at(error)=>
             ::core::result::Result::Err(
-                <#error as ::core::convert::From<#krate::LockError>>::from(__lm_err)
+                <#error as ::core::convert::From<#private::LockError>>::from(__lm_err)
             )
         },
         None => quote_spanned! {at(output)=>
-            <#output as #krate::__private::LockResult>::from_lock_error(__lm_err)
+            <#output as #private::LockResult>::from_lock_error(__lm_err)
         },
     }
 }

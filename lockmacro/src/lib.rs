@@ -30,12 +30,15 @@ use proc_macro::TokenStream;
 /// |---|---|---|
 /// | `prefix = "..."` | key namespace: a non-empty string literal | required |
 /// | `key = <expr>` | an expression over the parameters (`user_id`, `order.id`, `self.tenant`, `format!("{a}:{b}")`) whose value is `Display`; the Redis key is `"{prefix}:{key}"` | none: the key is the prefix alone, one mutex for every call |
-/// | `ttl = 3` / `ttl = "500ms"` | lease length: integer seconds, or a string with unit `ms`, `s` or `m`; not zero | 30 s |
+/// | `ttl = 3` / `ttl = "500ms"` / `ttl = LOCK_TTL` | lease length: integer seconds, or a string with unit `ms`, `s`, `m` or `h` (both checked at compile time, not zero); or any other expression of type `Duration` or integer seconds (`u64`, `u32`): `LOCK_TTL`, `CONFIG.lock_ttl`, `self.ttl`, evaluated once by reference before acquiring, and refused with `LockError::InvalidOptions` when zero | 30 s |
 /// | `max_renewals = 3` / `max_renewals = unlimited` | how many times the lease may be extended; `0` means at most one ttl | 3 |
-/// | `wait = "5s"` | how long to wait for a busy lock (same forms as `ttl`); not zero | no wait: fail fast with `LockError::Busy` |
+/// | `wait = "5s"` / `wait = WAIT` | how long to wait for a busy lock (same forms as `ttl`); not zero | no wait: fail fast with `LockError::Busy` |
 /// | `client = <expr>` | an expression of type `LockClient`, `&LockClient` or anything that derefs to one (`self.locks`, `state.locks`) | the process-wide default client |
 /// | `fencing = true` | also hand out a fencing token that strictly increases per key | `false` |
-/// | `crate = "path"` | path of the runtime crate in generated code, for a renamed dependency or a re-export | `::lockmacro_runtime` |
+/// | `mode = read` / `mode = write` | `read`: shared with other readers of the key, excluded by a writer; `write`: exclusive (the default, spelled out) | exclusive |
+/// | `permits = N` | at most `N` (≥ 1) holders of the key at once, a semaphore; not with `mode` | exclusive |
+/// | `fair = true` | waiters are served in arrival order across processes, and nobody barges past them | `false` |
+/// | `crate = "path"` | path of the runtime crate in generated code, for a re-export | the name `Cargo.toml` gives `lockmacro-runtime` (renamed or not) |
 ///
 /// # The function
 ///
@@ -64,8 +67,11 @@ use proc_macro::TokenStream;
 /// # Errors at compile time
 ///
 /// A missing `async`, a return type that is not such a `Result`, an unknown, duplicated or
-/// ill-typed argument, an empty `prefix`, a zero `ttl` or `wait`: each is a compile error at the
-/// offending tokens that says what to write instead, all reported at once.
+/// ill-typed argument, an empty `prefix`, a zero `ttl` or `wait` literal, `permits = 0`, a `mode`
+/// other than `read`/`write`, `mode` with `permits`, a `ttl` expression of another type than
+/// `Duration` or integer seconds: each is a compile error at the offending tokens that says what
+/// to write instead, all reported at once. A crate that depends on this attribute's crate without
+/// `lockmacro-runtime` is told to add it.
 #[proc_macro_attribute]
 pub fn redis_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::redis_lock(args.into(), item.into()).into()

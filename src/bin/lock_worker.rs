@@ -3,9 +3,14 @@
 //! `lock_worker count URL KEY TASKS INCREMENTS`: TASKS tasks each add 1 to the integer at
 //! `KEY:counter` INCREMENTS times, non-atomically (GET, short sleep, SET) under the lock `KEY`
 //! with `wait`; prints one line `interval START_NS END_NS` (CLOCK_MONOTONIC) per critical section.
+//! A URL `redlock:URL1,URL2,URL3` takes the lock on a Redlock quorum of those masters (the counter
+//! lives on the first).
 //!
 //! `lock_worker hold URL KEY TTL_MS`: takes `KEY` with unlimited renewals, prints `held`, and
 //! holds it until killed.
+//!
+//! `lock_worker hold-graceful URL KEY TTL_MS`: as `hold`, but on SIGTERM it shuts its client down
+//! (releasing the lock), prints `shut down`, and exits.
 //!
 //! `lock_worker ticker URL KEY TTL_MS`: runs a body under `run_locked` (unlimited renewals,
 //! fencing on) that prints `fence F`, then forever writes through a fencing-checked storage
@@ -35,6 +40,7 @@ async fn main() {
     match args.get(1).map(String::as_str) {
         Some("count") => count(&args[2], &args[3], parse(&args[4]), parse(&args[5])).await,
         Some("hold") => hold(&args[2], &args[3], parse(&args[4])).await,
+        Some("hold-graceful") => hold_graceful(&args[2], &args[3], parse(&args[4])).await,
         Some("ticker") => ticker(&args[2], &args[3], parse(&args[4])).await,
         _ => {
             eprintln!(
@@ -51,7 +57,14 @@ fn parse(arg: &str) -> u64 {
 }
 
 async fn count(url: &str, key: &str, tasks: u64, increments: u64) {
-    let locks = LockClient::connect(url).await.expect("connect");
+    let (locks, url) = match url.strip_prefix("redlock:") {
+        Some(masters) => {
+            let masters: Vec<&str> = masters.split(',').collect();
+            let locks = LockClient::redlock_builder(&masters).build().await;
+            (locks.expect("connect"), masters[0])
+        }
+        None => (LockClient::connect(url).await.expect("connect"), url),
+    };
     let redis = redis::Client::open(url).expect("url");
     let options = LockOptions::new()
         .ttl(Duration::from_secs(2))
@@ -88,6 +101,34 @@ async fn count(url: &str, key: &str, tasks: u64, increments: u64) {
             println!("interval {start} {end}");
         }
     }
+}
+
+async fn hold_graceful(url: &str, key: &str, ttl_ms: u64) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).expect("a SIGTERM handler");
+    let locks = LockClient::connect(url).await.expect("connect");
+    let options = LockOptions::new()
+        .ttl(Duration::from_millis(ttl_ms))
+        .unlimited_renewals();
+    let work = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.to_owned());
+        async move {
+            locks
+                .run_locked(key, options, async {
+                    println!("held");
+                    std::future::pending::<()>().await
+                })
+                .await
+        }
+    });
+    terminate.recv().await;
+    locks.shutdown().await.expect("releases confirmed");
+    let outcome = work.await.expect("the work task");
+    assert!(
+        matches!(outcome, Err(LockError::ShutDown { .. })),
+        "{outcome:?}"
+    );
+    println!("shut down");
 }
 
 async fn hold(url: &str, key: &str, ttl_ms: u64) {

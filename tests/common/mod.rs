@@ -4,9 +4,10 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use lockmacro_runtime::{LockClient, LockOptions};
+use lockmacro_runtime::{Lease, LockClient, LockContext, LockError, LockOptions};
 use redis::AsyncCommands;
 use testkit::RedisServer;
+use tokio::sync::oneshot;
 
 /// A client with a fast scan, so renewal tests take a fraction of a second per lease.
 pub async fn fast_client(server: &RedisServer) -> LockClient {
@@ -52,7 +53,7 @@ pub async fn key_gone(server: &RedisServer, key: &str, within: Duration) -> Dura
     .await
 }
 
-// ---- Fault, load and abuse helpers (tests/faults.rs, tests/abuse.rs, tests/tls_acl.rs) ----
+// ---- Fault, load and abuse helpers (tests/fault_*.rs, tests/soak.rs, tests/abuse.rs, tests/tls_acl.rs) ----
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the one clock the test and its worker processes share, so
 /// intervals recorded in different processes can be compared for overlap.
@@ -233,7 +234,12 @@ impl Drop for Worker {
 /// Waits until some client listens for releases of `key`: a waiter has found it busy and
 /// subscribed, so from now on it sleeps on the announcement.
 pub async fn waiter_subscribed(server: &RedisServer, key: &str) {
-    let channel = format!("lockmacro:released:{key}");
+    waiter_subscribed_in(server, "lockmacro", key).await;
+}
+
+/// [`waiter_subscribed`] for a client whose namespace is `namespace`.
+pub async fn waiter_subscribed_in(server: &RedisServer, namespace: &str, key: &str) {
+    let channel = format!("{namespace}:released:{key}");
     eventually(Duration::from_secs(5), "a waiter subscribed", || async {
         let mut conn = server.connection().await;
         let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
@@ -245,4 +251,178 @@ pub async fn waiter_subscribed(server: &RedisServer, key: &str) {
         listeners > 0
     })
     .await;
+}
+
+/// A client whose every wait is short, so faults surface as errors quickly.
+pub async fn client_for(url: &str, scan_ms: u64, response_ms: u64) -> LockClient {
+    LockClient::builder(url)
+        .scan_interval(Duration::from_millis(scan_ms))
+        .connect_timeout(Duration::from_millis(response_ms))
+        .response_timeout(Duration::from_millis(response_ms))
+        .build()
+        .await
+        .expect("client connects while the link is healthy")
+}
+
+/// Takes `key` with fail-fast attempts every 10 ms until it is ours; the first argument of the
+/// answer is when the winning attempt was answered.
+pub async fn acquire_when_free(
+    locks: &LockClient,
+    key: &str,
+    options: LockOptions,
+    within: Duration,
+) -> (Instant, Lease) {
+    let give_up = Instant::now() + within;
+    loop {
+        match locks.acquire(key, options).await {
+            Ok(lease) => return (Instant::now(), lease),
+            Err(LockError::Busy { .. } | LockError::Redis { .. }) if Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(err) => panic!("`{key}` not acquired within {within:?}: {err:?}"),
+        }
+    }
+}
+
+/// Runs a holder on `key` whose work never ends on its own; answers once its lease has been
+/// renewed at least once (so the deadline in force is a renewed one), with the receiver of the
+/// instant its work is dropped and the call's handle.
+pub async fn start_holder(
+    locks: &LockClient,
+    key: &str,
+    options: LockOptions,
+) -> (
+    std::sync::mpsc::Receiver<Instant>,
+    tokio::task::JoinHandle<Result<(), LockError>>,
+) {
+    let (clock, dropped) = DropClock::new();
+    let (renewed_tx, renewed) = oneshot::channel();
+    let holder = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.to_owned());
+        async move {
+            locks
+                .run_locked(key, options, async move {
+                    let _clock = clock;
+                    let lock = LockContext::current().expect("inside locked work");
+                    while lock.renewals() == 0 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    renewed_tx.send(()).expect("test waits");
+                    std::future::pending::<()>().await
+                })
+                .await
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(3), renewed)
+        .await
+        .expect("holder renewed within 3 s")
+        .expect("holder running");
+    (dropped, holder)
+}
+
+/// The instant the holder's work was dropped, waited for without blocking the runtime.
+pub async fn dropped_at(dropped: std::sync::mpsc::Receiver<Instant>, within: Duration) -> Instant {
+    tokio::task::spawn_blocking(move || dropped.recv_timeout(within))
+        .await
+        .expect("blocking wait")
+        .unwrap_or_else(|_| panic!("the holder's work was not dropped within {within:?}"))
+}
+
+/// Retries taking `key` until it works (within `within`); returns how long that took and how
+/// many attempts were answered `Busy`.
+pub async fn retry_until_taken(locks: &LockClient, key: &str, within: Duration) -> (Duration, u32) {
+    let busy = std::cell::Cell::new(0);
+    let took = eventually(within, "the client takes the key again", || async {
+        match locks.run_locked(key, opts(1_000), async {}).await {
+            Ok(()) => true,
+            Err(LockError::Busy { .. }) => {
+                busy.set(busy.get() + 1);
+                false
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    (took, busy.get())
+}
+
+/// CPU time this process has used so far (user + system), from `getrusage`.
+pub fn cpu_time() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a complete `rusage` into the pointer it is given.
+    let usage = unsafe {
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
+        usage.assume_init()
+    };
+    let of = |time: libc::timeval| {
+        Duration::from_secs(time.tv_sec as u64) + Duration::from_micros(time.tv_usec as u64)
+    };
+    of(usage.ru_utime) + of(usage.ru_stime)
+}
+
+/// How many connections the server has accepted since it started (`INFO stats`).
+pub fn connections_received(server: &RedisServer) -> u64 {
+    info_field(server, "stats", "total_connections_received")
+}
+
+/// How many times the server ran `command` (`INFO commandstats`, e.g. `evalsha`, `script|load`).
+pub fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let calls = format!("cmdstat_{command}:calls=");
+    info(server, "commandstats")
+        .lines()
+        .find_map(|line| line.strip_prefix(&calls))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn info_field(server: &RedisServer, section: &str, field: &str) -> u64 {
+    info(server, section)
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{field}` in INFO {section}"))
+}
+
+/// One section of `INFO`, as text.
+fn info(server: &RedisServer, section: &str) -> String {
+    match server.command(&["INFO", section]) {
+        redis::Value::BulkString(info) => String::from_utf8_lossy(&info).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO {section} answered {other:?}"),
+    }
+}
+
+/// Takes, renews, waits for and releases a lock over the client, checking Redis directly.
+pub async fn lock_round_trip(locks: &LockClient, server: &RedisServer, namespace: &str, key: &str) {
+    let renewals = locks
+        .run_locked(key, opts(150).unlimited_renewals().fencing(true), async {
+            let lock = LockContext::current().unwrap();
+            assert_eq!(
+                get(server, key).await.as_deref(),
+                Some(lock.token()),
+                "the lock is in Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(350)).await;
+            lock.renewals()
+        })
+        .await
+        .expect("lock over TLS");
+    assert!(renewals >= 2, "{renewals}");
+    // A waiter woken by the release announcement (the pub/sub connection uses TLS too).
+    let held = locks.acquire(key, opts(30_000)).await.unwrap();
+    let waiter = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.to_owned());
+        async move {
+            locks
+                .run_locked(key, opts(1_000).wait(Duration::from_secs(5)), async {})
+                .await
+        }
+    });
+    waiter_subscribed_in(server, namespace, key).await;
+    held.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("woken by the release, not the 30 s lease")
+        .unwrap()
+        .unwrap();
 }

@@ -5,7 +5,7 @@ use lockmacro_runtime::{LockError, redis_lock};
     ttl = 0,
     max_renewals = "3",
     tll = 3,
-    wait = "2h",
+    wait = "2d",
     fencing = 1,
     ttl = 5
 )]

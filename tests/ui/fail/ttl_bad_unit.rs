@@ -1,6 +1,6 @@
 use lockmacro_runtime::{LockError, redis_lock};
 
-#[redis_lock(prefix = "users", key = user_id, ttl = "2h")]
+#[redis_lock(prefix = "users", key = user_id, ttl = "2d")]
 async fn ttl_bad_unit(user_id: u64) -> Result<u64, LockError> {
     Ok(user_id)
 }

@@ -1,0 +1,128 @@
+//! Time for the lease engine: one monotonic clock read as nanoseconds (so lease times fit in
+//! atomics), the drift margin taken off every lease, and jittered backoff for retries.
+//!
+//! The clock is tokio's: the same as `std::time::Instant` in a normal build, and under
+//! `#[tokio::test(start_paused = true)]` the test's paused clock, which the in-memory deployment
+//! follows.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Every lease time is kept as nanoseconds since this instant.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Now, as nanoseconds since the engine's epoch.
+pub(crate) fn now() -> u64 {
+    nanos_at(Instant::now())
+}
+
+pub(crate) fn nanos_at(at: Instant) -> u64 {
+    nanos(at.saturating_duration_since(*EPOCH))
+}
+
+pub(crate) fn instant_at(nanos: u64) -> Instant {
+    // Saturates instead of overflowing: "never" is a few centuries away, not a panic.
+    EPOCH
+        .checked_add(Duration::from_nanos(nanos))
+        .unwrap_or_else(far_future)
+}
+
+/// `from + wait`, saturating: `Duration::MAX` means "wait forever", not an overflow.
+pub(crate) fn after(from: Instant, wait: Duration) -> Instant {
+    from.checked_add(wait).unwrap_or_else(far_future)
+}
+
+/// A point no wait reaches (about 30 years on), kept well inside what every platform can add.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(60 * 60 * 24 * 365 * 30)
+}
+
+pub(crate) fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Safety margin taken off every lease for clock drift between us and Redis (as Redlock).
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// A random fraction in `[0, 1)`, for spreading retries; not for secrets.
+pub(crate) fn random_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (random >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `duration` scaled by a random factor in `[1 - spread, 1 + spread)`.
+pub(crate) fn jittered(duration: Duration, spread: f64) -> Duration {
+    duration.mul_f64(1.0 - spread + 2.0 * spread * random_unit())
+}
+
+/// The pause after `failures` failures in a row: `base`, `2 × base`, … up to `cap`, each ±25 %.
+pub(crate) fn backoff(base: Duration, cap: Duration, failures: u32) -> Duration {
+    jittered(base.saturating_mul(1u32 << failures.min(16)).min(cap), 0.25)
+}
+
+/// Exponential backoff with jitter: `base`, `2 × base`, … up to `cap`, each ±25 %.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    base: Duration,
+    cap: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    pub(crate) const fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            failures: 0,
+        }
+    }
+
+    /// The pause before the next attempt, after one more failure.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let delay = backoff(self.base, self.cap, self.failures);
+        self.failures = self.failures.saturating_add(1);
+        delay
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_with_jitter() {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let delays: Vec<Duration> = (0..8).map(|_| backoff.next_delay()).collect();
+        assert!(delays[0] >= Duration::from_millis(75) && delays[0] < Duration::from_millis(125));
+        assert!(delays[1] >= Duration::from_millis(150) && delays[1] < Duration::from_millis(250));
+        for delay in &delays[4..] {
+            assert!(*delay >= Duration::from_millis(750) && *delay < Duration::from_millis(1250));
+        }
+        backoff.reset();
+        assert!(backoff.next_delay() < Duration::from_millis(125));
+    }
+
+    #[test]
+    fn waiting_forever_saturates() {
+        let now = Instant::now();
+        assert!(after(now, Duration::MAX) > now + Duration::from_secs(3600));
+        assert!(instant_at(u64::MAX) > now);
+    }
+}

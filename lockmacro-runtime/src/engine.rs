@@ -1,0 +1,359 @@
+//! The lease engine of one client: how a lock is taken (at once, or by waiting), registered with
+//! the watchdog, and released; shared by the client, its clones and every lease it handed out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::background::Background;
+use crate::clock;
+use crate::error::LockError;
+use crate::metrics::{self, Prefix};
+use crate::options::{LockKind, LockOptions};
+use crate::renewal::RenewalQueue;
+use crate::rt::{self, Driver};
+use crate::state::LeaseState;
+use crate::store::{AcquireRequest, Acquired, Store, release_until_settled};
+use crate::waiters::WaitQueue;
+
+pub(crate) struct Engine {
+    pub(crate) id: u64,
+    store: Arc<dyn Store>,
+    renewals: RenewalQueue,
+    waits: WaitQueue,
+    response_timeout: Duration,
+    /// Cancelled by [`shutdown`](Self::shutdown): no lock is taken or kept after it.
+    closing: CancellationToken,
+    shutdown_timeout: Duration,
+    /// Last: dropping it stops the watchdog and the subscriber.
+    background: Background,
+}
+
+/// The timing settings of a client.
+pub(crate) struct Timing {
+    pub(crate) scan_interval: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) shutdown_timeout: Duration,
+}
+
+/// What one attempt found.
+enum Attempt {
+    Taken(Arc<LeaseState>),
+    Busy { remaining: Option<Duration> },
+}
+
+impl Engine {
+    pub(crate) fn new(store: Arc<dyn Store>, background: Background, timing: Timing) -> Self {
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        metrics::describe();
+        Self {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            renewals: RenewalQueue::start(store.clone(), timing.scan_interval, &background),
+            waits: WaitQueue::start(store.clone(), &background),
+            store,
+            response_timeout: timing.response_timeout,
+            closing: CancellationToken::new(),
+            shutdown_timeout: timing.shutdown_timeout,
+            background,
+        }
+    }
+
+    /// Stops taking locks, cancels the work held under this client's leases (it gets
+    /// [`LockError::ShutDown`]) and the calls waiting for a lock, releases every lease and waits
+    /// for the confirmations, for at most the shutdown timeout. A second call finds nothing to do.
+    pub(crate) async fn shutdown(&self) -> Result<(), LockError> {
+        self.closing.cancel();
+        let leases: Vec<Arc<LeaseState>> = self
+            .renewals
+            .drain()
+            .into_iter()
+            .filter(|lease| {
+                lease.shut_down();
+                lease.claim_release()
+            })
+            .collect();
+        if leases.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(
+            leases = leases.len(),
+            "lock client shutting down; releasing every lease"
+        );
+        let releases = leases
+            .iter()
+            .map(|lease| self.store.release(lease.lease_ref()));
+        let outcomes = tokio::time::timeout(
+            self.shutdown_timeout,
+            futures_util::future::join_all(releases),
+        )
+        .await;
+        let failed: Vec<&Arc<LeaseState>> = match &outcomes {
+            Ok(outcomes) => leases
+                .iter()
+                .zip(outcomes)
+                .filter(|(_, outcome)| outcome.is_err())
+                .map(|(lease, _)| lease)
+                .collect(),
+            Err(_) => leases.iter().collect(),
+        };
+        if failed.is_empty() {
+            return Ok(());
+        }
+        for lease in &failed {
+            self.retry_release(lease);
+        }
+        Err(LockError::Redis {
+            key: None,
+            source: format!(
+                "{} of {} releases not confirmed within the shutdown timeout of {:?}; \
+                 they are retried in the background and expire with their leases at the latest",
+                failed.len(),
+                leases.len(),
+                self.shutdown_timeout
+            )
+            .into(),
+        })
+    }
+
+    /// The error for a call on `key` after the shutdown began.
+    fn shut(&self, key: &str) -> Result<(), LockError> {
+        if self.closing.is_cancelled() {
+            return Err(LockError::ShutDown {
+                key: key.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Opens every connection the client keeps: the caller's, the watchdog's and the
+    /// subscriber's, so no lease pays for a connect (or a TLS handshake) inside its ttl.
+    pub(crate) async fn connect(&self) -> Result<(), LockError> {
+        rt::require(Driver::Time)?;
+        self.background.ensure_running();
+        self.store
+            .connect()
+            .await
+            .map_err(|error| error.into_lock_error(None))?;
+        let store = self.store.clone();
+        let (reply, on_watchdog) = tokio::sync::oneshot::channel();
+        self.background.spawn(async move {
+            let _ = reply.send(store.connect().await);
+        });
+        if let Ok(Err(error)) = on_watchdog.await {
+            return Err(error.into_lock_error(None));
+        }
+        self.waits
+            .connect()
+            .await
+            .map_err(|error| error.into_lock_error(None))
+    }
+
+    /// Takes `key` (waiting for it when `options` say so) and registers the lease with the
+    /// watchdog.
+    pub(crate) async fn acquire(
+        &self,
+        key: String,
+        options: &LockOptions,
+    ) -> Result<Arc<LeaseState>, LockError> {
+        let prefix = Prefix::of(options.label, &key);
+        let started = Instant::now();
+        let taken = self.take(&key, options).await;
+        let outcome = match &taken {
+            Ok(_) => "acquired",
+            Err(LockError::Busy { .. }) => "busy",
+            Err(_) => "error",
+        };
+        metrics::acquisition(&prefix, outcome);
+        if options.wait.is_some() {
+            metrics::waited(&prefix, started.elapsed());
+        }
+        taken
+    }
+
+    async fn take(&self, key: &str, options: &LockOptions) -> Result<Arc<LeaseState>, LockError> {
+        let key = key.to_owned();
+        rt::require(Driver::Time)?;
+        check(options)?;
+        self.shut(&key)?;
+        self.background.ensure_running();
+        let lease = self.acquire_or_wait(&key, options).await?;
+        if self.closing.is_cancelled() {
+            // Taken while the client shut down: give it back at once.
+            if lease.claim_release() {
+                self.forget(&lease);
+                let _ = self.store.release(lease.lease_ref()).await;
+            }
+            return Err(LockError::ShutDown { key });
+        }
+        Ok(lease)
+    }
+
+    async fn acquire_or_wait(
+        &self,
+        key: &str,
+        options: &LockOptions,
+    ) -> Result<Arc<LeaseState>, LockError> {
+        let key = key.to_owned();
+        let Some(wait) = options.wait else {
+            return match self.try_acquire(&key, new_token(), options).await? {
+                Attempt::Taken(lease) => Ok(lease),
+                Attempt::Busy { .. } => Err(LockError::Busy { key }),
+            };
+        };
+        let give_up = clock::after(Instant::now(), wait);
+        // One token for every attempt of this wait: it keeps its place in a fair queue and its
+        // claim as a waiting writer. Only `Busy` leads to another attempt, and a busy attempt
+        // took nothing, so nothing of an earlier attempt can be mistaken for the new lease.
+        let token = new_token();
+        let mut ticket = None;
+        let mut polls = clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            let remaining = match self.try_acquire(&key, token.clone(), options).await? {
+                Attempt::Taken(lease) => return Ok(lease),
+                Attempt::Busy { remaining } => remaining,
+            };
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::debug!(key = %key, "lock still busy when the wait ran out");
+                return Err(LockError::Busy { key });
+            }
+            let ticket = match &ticket {
+                Some(ticket) => ticket,
+                None => {
+                    tracing::debug!(key = %key, "lock busy; waiting");
+                    // Readers can all go in at once, and a fair queue's head may be anyone:
+                    // every such waiter looks at each release, not just one.
+                    let everyone = options.fair || options.kind != LockKind::Exclusive;
+                    let prefix = Prefix::of(options.label, &key);
+                    let joined = ticket.insert(self.waits.join(&key, everyone, prefix));
+                    let heard = tokio::select! {
+                        heard = joined.subscribed(left) => heard,
+                        () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
+                    };
+                    if heard {
+                        // Subscribed: no release can slip by unheard from now on. Look again.
+                        continue;
+                    }
+                    joined
+                }
+            };
+            // A holder that died announces nothing: sleep at most its remaining lease.
+            let mut fallback = match remaining {
+                Some(remaining) => clock::jittered(remaining, 0.05) + Duration::from_millis(1),
+                None => polls.next_delay(),
+            };
+            if options.fair {
+                // Come back well within the time a place in the fair queue is kept.
+                fallback = fallback.min(options.ttl.max(Duration::from_secs(1)) / 3);
+            }
+            let left = give_up.saturating_duration_since(Instant::now());
+            tokio::select! {
+                () = ticket.released_or(fallback.min(left)) => {}
+                () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
+            }
+        }
+    }
+
+    /// One attempt to take `key`.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        token: String,
+        options: &LockOptions,
+    ) -> Result<Attempt, LockError> {
+        let ttl = options.ttl;
+        // A reply later than the lease itself is worthless: the lock may have lapsed already.
+        let budget = self.response_timeout.min(
+            ttl.saturating_sub(clock::drift(ttl))
+                .max(Duration::from_millis(1)),
+        );
+        let request = AcquireRequest {
+            key,
+            token: &token,
+            kind: options.kind,
+            ttl,
+            fencing: options.fencing,
+            waiting: options.wait.is_some(),
+            fair: options.fair,
+        };
+        let sent_at = clock::now();
+        match metrics::timed("acquire", self.store.acquire(request, budget)).await {
+            Ok(Acquired::Taken { fencing_token }) => {
+                static IDS: AtomicU64 = AtomicU64::new(1);
+                let lease = Arc::new(LeaseState::new(
+                    IDS.fetch_add(1, Ordering::Relaxed),
+                    self.id,
+                    key.to_owned(),
+                    token,
+                    options,
+                    fencing_token,
+                    sent_at,
+                ));
+                self.renewals.register(lease.clone());
+                tracing::debug!(key = %key, ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
+                Ok(Attempt::Taken(lease))
+            }
+            Ok(Acquired::Busy { remaining }) => {
+                tracing::debug!(key = %key, "lock busy");
+                Ok(Attempt::Busy { remaining })
+            }
+            Err(error) => Err(error.into_lock_error(Some(key))),
+        }
+    }
+
+    /// Releases `lease` and waits for the answer: `true` when it was ours and is gone now.
+    pub(crate) async fn release(&self, lease: &LeaseState) -> Result<bool, LockError> {
+        self.renewals.deregister(lease.id);
+        let released = metrics::timed("release", self.store.release(lease.lease_ref()))
+            .await
+            .map_err(|error| error.into_lock_error(Some(&lease.key)));
+        if released.is_ok() {
+            metrics::release(&lease.prefix, "confirmed");
+        }
+        released
+    }
+
+    /// Releases `lease` on the client's runtime, retried until answered or the lease would
+    /// have lapsed; safe from `Drop`, during a runtime's shutdown, or with no runtime at all.
+    pub(crate) fn release_in_background(&self, lease: &Arc<LeaseState>) {
+        self.renewals.deregister(lease.id);
+        self.retry_release(lease);
+    }
+
+    fn retry_release(&self, lease: &Arc<LeaseState>) {
+        metrics::release(&lease.prefix, "background");
+        let (store, lease) = (self.store.clone(), lease.clone());
+        self.background.spawn(async move {
+            if !release_until_settled(store.as_ref(), lease.lease_ref()).await {
+                metrics::release(&lease.prefix, "failed");
+            }
+        });
+    }
+
+    /// Stops renewing `lease` (its holder knows it lost it).
+    pub(crate) fn forget(&self, lease: &LeaseState) {
+        self.renewals.deregister(lease.id);
+    }
+
+    pub(crate) fn held_leases(&self) -> usize {
+        self.renewals.len()
+    }
+}
+
+/// A fresh 128-bit random token: proof that a lease is ours.
+fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Options that can only be refused at run time.
+fn check(options: &LockOptions) -> Result<(), LockError> {
+    match options.kind {
+        LockKind::Permits(0) => Err(LockError::InvalidOptions {
+            message: "`permits` must be at least 1: a semaphore of no permits is never free".into(),
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,178 @@
+//! Metrics through the `metrics` facade (feature `metrics`); without the feature every function
+//! here is empty and compiled away.
+//!
+//! Labels are bounded: `prefix` is the attribute's prefix (or, for a programmatic key, the part
+//! before its first `:`), never the key. Durations are in seconds.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `lockmacro_acquisitions_total` | counter | `prefix`, `outcome` = `acquired`, `busy`, `error` |
+//! | `lockmacro_wait_seconds` | histogram | `prefix` (calls with `wait`; zero when taken at once) |
+//! | `lockmacro_held_seconds` | histogram | `prefix`, `end` = `ok`, `err`, `cancelled`, `lost`, `exhausted`, `panic` |
+//! | `lockmacro_renewals_total` | counter | `prefix`, `result` = `ok`, `lost`, `failed` |
+//! | `lockmacro_releases_total` | counter | `prefix`, `result` = `confirmed`, `background`, `failed` |
+//! | `lockmacro_redis_seconds` | histogram | `op` = `acquire`, `extend`, `release` |
+//! | `lockmacro_leases` | gauge | `prefix` |
+//! | `lockmacro_waiters` | gauge | `prefix` |
+
+use std::sync::Arc;
+
+/// The `prefix` label of a lock: cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Prefix(#[cfg_attr(not(feature = "metrics"), allow(dead_code))] Arc<str>);
+
+impl Prefix {
+    /// The attribute's prefix when known, else the key's part before its first `:`.
+    pub(crate) fn of(given: Option<&'static str>, key: &str) -> Self {
+        Self(Arc::from(
+            given.unwrap_or_else(|| key.split(':').next().unwrap_or(key)),
+        ))
+    }
+}
+
+/// How a lease's work ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Ok,
+    Err,
+    Cancelled,
+    Lost,
+    Exhausted,
+    Panic,
+}
+
+impl End {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Err => "err",
+            Self::Cancelled => "cancelled",
+            Self::Lost => "lost",
+            Self::Exhausted => "exhausted",
+            Self::Panic => "panic",
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+mod recorded {
+    use std::sync::Once;
+    use std::time::Duration;
+
+    use metrics::{
+        Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    };
+
+    use super::{End, Prefix};
+
+    /// Describes every metric, once per process.
+    pub(crate) fn describe() {
+        static DESCRIBED: Once = Once::new();
+        DESCRIBED.call_once(|| {
+            describe_counter!(
+                "lockmacro_acquisitions_total",
+                Unit::Count,
+                "Locked calls by how taking the lock went: acquired, busy, error (once per call)."
+            );
+            describe_histogram!(
+                "lockmacro_wait_seconds",
+                Unit::Seconds,
+                "How long calls with `wait` waited for the lock (zero when taken at once)."
+            );
+            describe_histogram!(
+                "lockmacro_held_seconds",
+                Unit::Seconds,
+                "How long work held its lock, by how it ended: ok, err, cancelled, lost, exhausted, panic."
+            );
+            describe_counter!(
+                "lockmacro_renewals_total",
+                Unit::Count,
+                "Lease extensions by result: ok, lost, failed (retried until the lease's deadline)."
+            );
+            describe_counter!(
+                "lockmacro_releases_total",
+                Unit::Count,
+                "Releases: confirmed by the caller, handed to the background, or given up (failed)."
+            );
+            describe_histogram!(
+                "lockmacro_redis_seconds",
+                Unit::Seconds,
+                "Time of the calls to the deployment, by operation: acquire, extend, release."
+            );
+            describe_gauge!("lockmacro_leases", Unit::Count, "Leases held right now.");
+            describe_gauge!("lockmacro_waiters", Unit::Count, "Calls waiting for a lock right now.");
+        });
+    }
+
+    pub(crate) fn acquisition(prefix: &Prefix, outcome: &'static str) {
+        counter!("lockmacro_acquisitions_total", "prefix" => prefix.0.clone(), "outcome" => outcome)
+            .increment(1);
+    }
+
+    pub(crate) fn waited(prefix: &Prefix, waited: Duration) {
+        histogram!("lockmacro_wait_seconds", "prefix" => prefix.0.clone()).record(waited);
+    }
+
+    pub(crate) fn held(prefix: &Prefix, held: Duration, end: End) {
+        histogram!("lockmacro_held_seconds", "prefix" => prefix.0.clone(), "end" => end.label())
+            .record(held);
+    }
+
+    pub(crate) fn renewal(prefix: &Prefix, result: &'static str) {
+        counter!("lockmacro_renewals_total", "prefix" => prefix.0.clone(), "result" => result)
+            .increment(1);
+    }
+
+    pub(crate) fn release(prefix: &Prefix, result: &'static str) {
+        counter!("lockmacro_releases_total", "prefix" => prefix.0.clone(), "result" => result)
+            .increment(1);
+    }
+
+    pub(crate) fn redis_call(op: &'static str, took: Duration) {
+        histogram!("lockmacro_redis_seconds", "op" => op).record(took);
+    }
+
+    pub(crate) fn leases(prefix: &Prefix, change: f64) {
+        gauge!("lockmacro_leases", "prefix" => prefix.0.clone()).increment(change);
+    }
+
+    pub(crate) fn waiters(prefix: &Prefix, change: f64) {
+        gauge!("lockmacro_waiters", "prefix" => prefix.0.clone()).increment(change);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+#[allow(clippy::missing_const_for_fn)]
+mod recorded {
+    use std::time::Duration;
+
+    use super::{End, Prefix};
+
+    pub(crate) fn describe() {}
+    pub(crate) fn acquisition(_: &Prefix, _: &'static str) {}
+    pub(crate) fn waited(_: &Prefix, _: Duration) {}
+    pub(crate) fn held(_: &Prefix, _: Duration, _: End) {}
+    pub(crate) fn renewal(_: &Prefix, _: &'static str) {}
+    pub(crate) fn release(_: &Prefix, _: &'static str) {}
+    pub(crate) fn leases(_: &Prefix, _: f64) {}
+    pub(crate) fn waiters(_: &Prefix, _: f64) {}
+}
+
+pub(crate) use recorded::*;
+
+/// Times `call` as one `lockmacro_redis_seconds` sample of `op`.
+pub(crate) async fn timed<T>(op: &'static str, call: impl Future<Output = T>) -> T {
+    #[cfg(feature = "metrics")]
+    {
+        let started = tokio::time::Instant::now();
+        let answer = call.await;
+        redis_call(op, started.elapsed());
+        answer
+    }
+    #[cfg(not(feature = "metrics"))]
+    {
+        let _ = op;
+        call.await
+    }
+}

@@ -1,0 +1,242 @@
+//! What the holder of a lease and the watchdog both see of it.
+//!
+//! Lease times are nanoseconds on the engine's clock ([`crate::clock`]), kept in atomics so the
+//! watchdog can record an extension while the holder reads its deadline.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock;
+use crate::error::LockError;
+use crate::metrics::{self, End, Prefix};
+use crate::options::{LockKind, LockOptions};
+use crate::store::LeaseRef;
+
+/// One held lease.
+pub(crate) struct LeaseState {
+    pub(crate) id: u64,
+    /// The engine that took it: reentrancy is per client.
+    pub(crate) engine_id: u64,
+    pub(crate) key: String,
+    pub(crate) token: String,
+    pub(crate) kind: LockKind,
+    pub(crate) ttl: Duration,
+    pub(crate) max_renewals: Option<u32>,
+    pub(crate) fencing_token: Option<u64>,
+    /// The lease's milestones after a confirmed send, in nanos: computed once, read every scan.
+    pub(crate) timing: Timing,
+    /// The metrics' `prefix` label.
+    pub(crate) prefix: Prefix,
+    /// When it was taken, for how long it was held.
+    acquired_at: Instant,
+    /// How the work under it ended has been recorded.
+    end_recorded: AtomicBool,
+    /// When the last confirmed acquire or extension was sent.
+    confirmed_sent_at: AtomicU64,
+    renewals: AtomicU32,
+    /// An extension is on the wire; the watchdog sends no second one.
+    pub(crate) extending: AtomicBool,
+    /// After a failed extension: not retried before this time (nanos).
+    retry_at: AtomicU64,
+    /// Consecutive failed extensions, for the backoff.
+    failures: AtomicU32,
+    /// An extension found the key gone or holding another token.
+    lost: AtomicBool,
+    /// The guard is gone: an extension still in flight has nothing to report to.
+    finished: AtomicBool,
+    /// The client was shut down under it.
+    shut_down: AtomicBool,
+    /// Someone (its guard, or the client's shutdown) has taken on releasing it.
+    release_claimed: AtomicBool,
+    /// Cancelled when the lease is lost; the holder's work stops at its next `.await`.
+    pub(crate) cancel: CancellationToken,
+}
+
+impl LeaseState {
+    pub(crate) fn new(
+        id: u64,
+        engine_id: u64,
+        key: String,
+        token: String,
+        options: &LockOptions,
+        fencing_token: Option<u64>,
+        sent_at: u64,
+    ) -> Self {
+        let prefix = Prefix::of(options.label, &key);
+        Self {
+            id,
+            engine_id,
+            key,
+            token,
+            kind: options.kind,
+            ttl: options.ttl,
+            max_renewals: options.max_renewals,
+            fencing_token,
+            timing: Timing::of(options.ttl),
+            prefix,
+            acquired_at: Instant::now(),
+            end_recorded: AtomicBool::new(false),
+            confirmed_sent_at: AtomicU64::new(sent_at),
+            renewals: AtomicU32::new(0),
+            extending: AtomicBool::new(false),
+            retry_at: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            lost: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            release_claimed: AtomicBool::new(false),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// What the store needs to extend or release this lease.
+    pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            key: &self.key,
+            token: &self.token,
+            kind: self.kind,
+            ttl: self.ttl,
+        }
+    }
+
+    pub(crate) fn renewals(&self) -> u32 {
+        self.renewals.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn confirmed_sent_at(&self) -> u64 {
+        self.confirmed_sent_at.load(Ordering::Acquire)
+    }
+
+    /// The local deadline (nanos): last confirmed send + ttl − drift. Past it the lease may have
+    /// lapsed in Redis.
+    pub(crate) fn deadline_nanos(&self) -> u64 {
+        self.confirmed_sent_at()
+            .saturating_add(self.timing.validity)
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        clock::instant_at(self.deadline_nanos())
+    }
+
+    pub(crate) fn time_left(&self) -> Duration {
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+
+    pub(crate) fn renewals_left(&self) -> bool {
+        self.max_renewals.is_none_or(|max| self.renewals() < max)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// When the watchdog wants to extend it next (nanos): a third through, or after a failure,
+    /// when its backoff allows.
+    pub(crate) fn due_at(&self) -> u64 {
+        let third = self.confirmed_sent_at().saturating_add(self.timing.third);
+        third.max(self.retry_at.load(Ordering::Acquire))
+    }
+
+    /// Records a confirmed extension sent at `sent_at`; returns the renewal count.
+    pub(crate) fn extended(&self, sent_at: u64) -> u32 {
+        self.confirmed_sent_at.fetch_max(sent_at, Ordering::AcqRel);
+        self.failures.store(0, Ordering::Release);
+        self.retry_at.store(0, Ordering::Release);
+        self.renewals.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Records a failed extension attempt: the next waits `pause` (the batch's backoff), but at
+    /// most half the time left, so a lease close to its deadline still gets a last try or two.
+    /// Retry times are rounded up to a 10 ms grid, so the leases of one failed batch are retried
+    /// together in one batch rather than each on a wake-up of its own. Returns how many attempts
+    /// failed in a row.
+    pub(crate) fn extension_failed(&self, now: u64, pause: Duration) -> u32 {
+        const GRID: u64 = 10_000_000;
+        let half_left = self.deadline_nanos().saturating_sub(now) / 2;
+        let retry_at = now.saturating_add(clock::nanos(pause).min(half_left).max(GRID / 2));
+        self.retry_at.store(
+            retry_at.div_ceil(GRID).saturating_mul(GRID),
+            Ordering::Release,
+        );
+        self.failures.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Extension attempts that failed in a row so far.
+    pub(crate) fn failures(&self) -> u32 {
+        self.failures.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
+    /// The key was found gone or replaced: stop the work now.
+    pub(crate) fn mark_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+        self.cancel.cancel();
+    }
+
+    /// Records how the work under it ended, and how long it held the lock: once.
+    pub(crate) fn record_end(&self, end: End) {
+        if !self.end_recorded.swap(true, Ordering::AcqRel) {
+            metrics::held(&self.prefix, self.acquired_at.elapsed(), end);
+        }
+    }
+
+    /// The client shuts down: stop the work now; the shutdown releases the lease.
+    pub(crate) fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        self.cancel.cancel();
+    }
+
+    /// Takes on releasing it: `true` for the first to ask (its guard, or the client's shutdown).
+    pub(crate) fn claim_release(&self) -> bool {
+        !self.release_claimed.swap(true, Ordering::AcqRel)
+    }
+
+    /// The error that ends work cut short by this lease.
+    pub(crate) fn ending_error(&self) -> LockError {
+        let key = self.key.clone();
+        if self.shut_down.load(Ordering::Acquire) {
+            return LockError::ShutDown { key };
+        }
+        if !self.is_lost() && !self.renewals_left() {
+            LockError::RenewalsExhausted {
+                key,
+                renewals: self.renewals(),
+            }
+        } else {
+            LockError::Lost { key }
+        }
+    }
+}
+
+/// When, after a confirmed send, a lease is due for extension and when it ends, in nanos.
+pub(crate) struct Timing {
+    /// A third through: due for extension.
+    pub(crate) third: u64,
+    /// Half through: a lease that would pass this before the next scan needs a wake-up of its own.
+    pub(crate) half: u64,
+    /// The ttl less the drift margin: the local deadline.
+    pub(crate) validity: u64,
+    /// A twelfth: the grid its own wake-ups are rounded to, so leases taken together share one.
+    pub(crate) grid: u64,
+}
+
+impl Timing {
+    fn of(ttl: Duration) -> Self {
+        Self {
+            third: clock::nanos(ttl / 3),
+            half: clock::nanos(ttl / 2),
+            validity: clock::nanos(ttl.saturating_sub(clock::drift(ttl))),
+            grid: clock::nanos(ttl / 12).max(1),
+        }
+    }
+}

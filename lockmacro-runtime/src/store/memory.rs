@@ -1,0 +1,515 @@
+//! Locks in the process: the deployment behind `LockClient::in_memory()` (feature `test-util`),
+//! for users' own tests.
+//!
+//! It keeps Redis's semantics, not a toy's: a lease is a key with a token and an expiry, taken
+//! only when free, extended only while it holds our token, released by compare-and-delete with
+//! an announcement, expiring silently (as Redis keys do) when its time is up. Time is tokio's
+//! clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
+//! milliseconds. [`MemoryHooks`] provokes what is rare against a real Redis.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::{
+    AcquireRequest, Acquired, BoxFuture, LeaseRef, ReleaseFeed, Released, Renewal, Store,
+    StoreError,
+};
+use crate::options::LockKind;
+
+/// One store: clones share it.
+#[derive(Clone, Default)]
+pub(crate) struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    data: Mutex<Data>,
+    /// Releases, for the waiters' feeds.
+    releases: broadcast::Sender<Released>,
+    /// Operations still to fail, set by [`MemoryHooks::fail_next`].
+    failing: AtomicU32,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            data: Mutex::default(),
+            releases: broadcast::channel(1024).0,
+            failing: AtomicU32::new(0),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Data {
+    locks: HashMap<String, Held>,
+    /// The last fencing token handed out per key: kept for the store's life, so tokens only grow.
+    fences: HashMap<String, u64>,
+    /// How many feeds listen for releases of each key.
+    listeners: HashMap<String, usize>,
+    /// Fair queues: waiting tokens in arrival order, each with the time its place lapses.
+    queues: HashMap<String, VecDeque<(String, Instant)>>,
+    /// Writers waiting for readers to leave, each until its claim lapses.
+    writers: HashMap<String, HashMap<String, Instant>>,
+}
+
+/// What a lock key holds: one exclusive holder, or shared holders each with its own expiry.
+enum Held {
+    Exclusive {
+        token: String,
+        expires: Instant,
+    },
+    Shared {
+        kind: LockKind,
+        holders: HashMap<String, Instant>,
+    },
+}
+
+impl Held {
+    /// Whether `token` holds it now.
+    fn held_by(&self, token: &str, now: Instant) -> bool {
+        match self {
+            Self::Exclusive {
+                token: holder,
+                expires,
+            } => holder == token && *expires > now,
+            Self::Shared { holders, .. } => {
+                holders.get(token).is_some_and(|expires| *expires > now)
+            }
+        }
+    }
+
+    /// When it is free: its holder's expiry, or its last holder's.
+    fn expires(&self) -> Instant {
+        match self {
+            Self::Exclusive { expires, .. } => *expires,
+            Self::Shared { holders, .. } => {
+                holders.values().copied().max().unwrap_or_else(Instant::now)
+            }
+        }
+    }
+}
+
+impl Data {
+    /// What `key` holds now, dropping holders whose time is up (as Redis expires keys, and as
+    /// the scripts drop a shared lock's lapsed holders).
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Held> {
+        let gone = match self.locks.get_mut(key) {
+            Some(Held::Exclusive { expires, .. }) => *expires <= now,
+            Some(Held::Shared { holders, .. }) => {
+                holders.retain(|_, expires| *expires > now);
+                holders.is_empty()
+            }
+            None => false,
+        };
+        if gone {
+            self.locks.remove(key);
+        }
+        self.locks.get_mut(key)
+    }
+
+    /// The fair queue's first live waiter, dropping those whose place lapsed.
+    fn queue_head(&mut self, key: &str, now: Instant) -> Option<String> {
+        let queue = self.queues.get_mut(key)?;
+        while queue.front().is_some_and(|(_, lapses)| *lapses <= now) {
+            queue.pop_front();
+        }
+        queue.front().map(|(token, _)| token.clone())
+    }
+
+    /// Whether a live writer waits for `key`'s readers to leave.
+    fn writer_waits(&mut self, key: &str, now: Instant) -> bool {
+        self.writers.get_mut(key).is_some_and(|writers| {
+            writers.retain(|_, lapses| *lapses > now);
+            !writers.is_empty()
+        })
+    }
+
+    /// Takes `request` if it may be taken now; else how long until it may, if known.
+    fn take(&mut self, request: &AcquireRequest<'_>, now: Instant) -> Result<(), Option<Duration>> {
+        let key = request.key;
+        if request.fair
+            && let Some(head) = self.queue_head(key, now)
+            && head != request.token
+        {
+            return Err(None);
+        }
+        let lease_end = now + request.ttl;
+        let writer_waits = request.kind == LockKind::Read && self.writer_waits(key, now);
+        match (request.kind, self.live(key, now)) {
+            (LockKind::Exclusive, None) => {
+                let token = request.token.to_owned();
+                self.locks.insert(
+                    key.to_owned(),
+                    Held::Exclusive {
+                        token,
+                        expires: lease_end,
+                    },
+                );
+            }
+            (LockKind::Exclusive, Some(held)) => {
+                // A call retried after it ran finds itself; anything else keeps it out.
+                if !(matches!(held, Held::Exclusive { .. }) && held.held_by(request.token, now)) {
+                    let remaining = held.expires().saturating_duration_since(now);
+                    if matches!(held, Held::Shared { .. }) && request.waiting {
+                        // A writer waiting on readers keeps new readers out.
+                        let token = request.token.to_owned();
+                        self.writers
+                            .entry(key.to_owned())
+                            .or_default()
+                            .insert(token, lease_end);
+                    }
+                    return Err(Some(remaining));
+                }
+            }
+            (kind, held) => {
+                let (count, earliest, ours) = match held {
+                    None => (0, None, false),
+                    Some(Held::Shared {
+                        kind: shared,
+                        holders,
+                    }) if *shared == kind => (
+                        holders.len(),
+                        holders.values().min().copied(),
+                        holders.contains_key(request.token),
+                    ),
+                    Some(other) => {
+                        return Err(Some(other.expires().saturating_duration_since(now)));
+                    }
+                };
+                if !ours {
+                    if writer_waits {
+                        return Err(None);
+                    }
+                    if let LockKind::Permits(permits) = kind
+                        && count >= permits as usize
+                    {
+                        return Err(earliest.map(|at| at.saturating_duration_since(now)));
+                    }
+                }
+                let holders = match self.locks.get_mut(key) {
+                    Some(Held::Shared { holders, .. }) => holders,
+                    _ => {
+                        self.locks.insert(
+                            key.to_owned(),
+                            Held::Shared {
+                                kind,
+                                holders: HashMap::new(),
+                            },
+                        );
+                        match self.locks.get_mut(key) {
+                            Some(Held::Shared { holders, .. }) => holders,
+                            _ => unreachable!("just inserted a shared lock"),
+                        }
+                    }
+                };
+                holders.insert(request.token.to_owned(), lease_end);
+            }
+        }
+        if let Some(writers) = self.writers.get_mut(key) {
+            writers.remove(request.token);
+        }
+        if let Some(queue) = self.queues.get_mut(key) {
+            queue.retain(|(token, _)| token != request.token);
+        }
+        Ok(())
+    }
+
+    /// Keeps a fair waiter's place in the queue (joining at the back the first time).
+    fn keep_place(&mut self, request: &AcquireRequest<'_>, now: Instant) {
+        let lapses = now + request.queue_place();
+        let queue = self.queues.entry(request.key.to_owned()).or_default();
+        match queue.iter_mut().find(|(token, _)| token == request.token) {
+            Some((_, place)) => *place = lapses,
+            None => queue.push_back((request.token.to_owned(), lapses)),
+        }
+    }
+}
+
+impl MemoryStore {
+    fn data(&self) -> MutexGuard<'_, Data> {
+        self.inner.data.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fails this operation if [`MemoryHooks::fail_next`] asked for it.
+    fn injected_failure(&self) -> Result<(), StoreError> {
+        let failing = &self.inner.failing;
+        let took = failing.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+            left.checked_sub(1)
+        });
+        match took {
+            Ok(_) => Err(StoreError::unavailable(
+                "injected failure (MemoryHooks::fail_next)",
+            )),
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn announce(&self, lease: LeaseRef<'_>) {
+        // Nobody listening is fine: waiters also go by the holder's remaining lease.
+        let _ = self.inner.releases.send(Released {
+            key: lease.key.to_owned(),
+            token: lease.token.to_owned(),
+        });
+    }
+
+    pub(crate) fn hooks(&self) -> MemoryHooks {
+        MemoryHooks {
+            store: self.clone(),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+        _budget: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
+        Box::pin(async move {
+            self.injected_failure()?;
+            let now = Instant::now();
+            let mut data = self.data();
+            if let Err(remaining) = data.take(&request, now) {
+                if request.fair && request.waiting {
+                    data.keep_place(&request, now);
+                }
+                return Ok(Acquired::Busy { remaining });
+            }
+            let fencing_token = request.fencing.then(|| {
+                let fence = data.fences.entry(request.key.to_owned()).or_insert(0);
+                *fence += 1;
+                *fence
+            });
+            Ok(Acquired::Taken { fencing_token })
+        })
+    }
+
+    fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
+        Box::pin(async move {
+            if let Err(error) = self.injected_failure() {
+                return vec![Renewal::Failed(error); leases.len()];
+            }
+            let now = Instant::now();
+            let mut data = self.data();
+            leases
+                .iter()
+                .map(|lease| match data.live(lease.key, now) {
+                    Some(Held::Exclusive { token, expires }) if token == lease.token => {
+                        *expires = now + lease.ttl;
+                        Renewal::Extended
+                    }
+                    Some(Held::Shared { holders, .. }) if holders.contains_key(lease.token) => {
+                        holders.insert(lease.token.to_owned(), now + lease.ttl);
+                        Renewal::Extended
+                    }
+                    // Gone or another owner's: never re-created.
+                    _ => Renewal::Lost,
+                })
+                .collect()
+        })
+    }
+
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.injected_failure()?;
+            let ours = {
+                let mut data = self.data();
+                let now = Instant::now();
+                match data.live(lease.key, now) {
+                    Some(held @ Held::Exclusive { .. }) if held.held_by(lease.token, now) => {
+                        data.locks.remove(lease.key);
+                        true
+                    }
+                    Some(Held::Shared { holders, .. }) => {
+                        let ours = holders.remove(lease.token).is_some();
+                        if holders.is_empty() {
+                            data.locks.remove(lease.key);
+                        }
+                        ours
+                    }
+                    _ => false,
+                }
+            };
+            if ours {
+                self.announce(lease);
+            }
+            Ok(ours)
+        })
+    }
+
+    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
+        Box::pin(async move {
+            Ok(Box::new(MemoryFeed {
+                store: self.clone(),
+                releases: self.inner.releases.subscribe(),
+                watched: HashSet::new(),
+            }) as Box<dyn ReleaseFeed>)
+        })
+    }
+
+    fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Release announcements within the process.
+struct MemoryFeed {
+    store: MemoryStore,
+    releases: broadcast::Receiver<Released>,
+    watched: HashSet<String>,
+}
+
+impl ReleaseFeed for MemoryFeed {
+    fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if self.watched.insert(key.to_owned()) {
+                *self
+                    .store
+                    .data()
+                    .listeners
+                    .entry(key.to_owned())
+                    .or_insert(0) += 1;
+            }
+            Ok(())
+        })
+    }
+
+    fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if self.watched.remove(key) {
+                forget_listener(&mut self.store.data(), key);
+            }
+            Ok(())
+        })
+    }
+
+    fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
+        Box::pin(async move {
+            loop {
+                match self.releases.recv().await {
+                    Ok(released) if self.watched.contains(&released.key) => return Some(released),
+                    Ok(_) => {}
+                    // Some announcements were missed: let a waiter of some key look again.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if let Some(key) = self.watched.iter().next() {
+                            return Some(Released {
+                                key: key.clone(),
+                                token: String::new(),
+                            });
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
+}
+
+impl Drop for MemoryFeed {
+    fn drop(&mut self) {
+        let mut data = self.store.data();
+        for key in &self.watched {
+            forget_listener(&mut data, key);
+        }
+    }
+}
+
+fn forget_listener(data: &mut Data, key: &str) {
+    if let Some(count) = data.listeners.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            data.listeners.remove(key);
+        }
+    }
+}
+
+/// Provokes, in an in-memory client's store, what is rare against a real Redis: a key that
+/// expires now, another owner taking a key, a store that fails. From
+/// [`LockClient::memory_hooks`](crate::LockClient::memory_hooks).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use lockmacro_runtime::{LockClient, LockError, LockOptions};
+///
+/// let locks = LockClient::in_memory();
+/// let hooks = locks.memory_hooks().expect("an in-memory client");
+/// hooks.fail_next(1);
+/// let outcome = locks.run_locked("jobs:1", LockOptions::new(), async {}).await;
+/// assert!(matches!(outcome, Err(LockError::Redis { .. })));
+/// assert!(locks.run_locked("jobs:1", LockOptions::new(), async {}).await.is_ok());
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryHooks {
+    store: MemoryStore,
+}
+
+impl std::fmt::Debug for MemoryHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryHooks").finish_non_exhaustive()
+    }
+}
+
+impl MemoryHooks {
+    /// The token stored under `key`, `None` when the key is free.
+    pub fn holder(&self, key: &str) -> Option<String> {
+        let mut data = self.store.data();
+        match data.live(key, Instant::now())? {
+            Held::Exclusive { token, .. } => Some(token.clone()),
+            Held::Shared { holders, .. } => holders.keys().min().cloned(),
+        }
+    }
+
+    /// Every token holding `key` now: one for an exclusive lock, each reader or permit holder
+    /// for a shared one.
+    pub fn holders(&self, key: &str) -> Vec<String> {
+        let mut data = self.store.data();
+        let mut holders: Vec<String> = match data.live(key, Instant::now()) {
+            Some(Held::Exclusive { token, .. }) => vec![token.clone()],
+            Some(Held::Shared { holders, .. }) => holders.keys().cloned().collect(),
+            None => Vec::new(),
+        };
+        holders.sort();
+        holders
+    }
+
+    /// Expires `key` now, as if its lease ran out: its holder learns `Lost` at its next renewal,
+    /// and waiters find it free when they look (an expiry announces nothing, as in Redis).
+    pub fn expire(&self, key: &str) {
+        self.store.data().locks.remove(key);
+    }
+
+    /// Lets another owner take `key` for `ttl`, replacing any holder: the holder learns `Lost`
+    /// at its next renewal. Returns the other owner's token.
+    pub fn take_over(&self, key: &str, ttl: Duration) -> String {
+        let token = format!("another-owner-{}", uuid::Uuid::new_v4().simple());
+        self.store.data().locks.insert(
+            key.to_owned(),
+            Held::Exclusive {
+                token: token.clone(),
+                expires: Instant::now() + ttl,
+            },
+        );
+        token
+    }
+
+    /// Makes the next `operations` calls to the store (acquire, a renewal batch, release) fail
+    /// as an unreachable Redis would: `LockError::Redis` for callers, retries for the watchdog.
+    pub fn fail_next(&self, operations: u32) {
+        self.store
+            .inner
+            .failing
+            .store(operations, Ordering::Release);
+    }
+
+    /// How many clients listen for releases of `key` (waiters that found it busy subscribe).
+    pub fn listeners(&self, key: &str) -> usize {
+        self.store.data().listeners.get(key).copied().unwrap_or(0)
+    }
+}

@@ -1,0 +1,341 @@
+//! The seam between the lease engine and a deployment: what the engine asks of wherever locks
+//! live (one Redis, Sentinel, Cluster, a Redlock quorum, memory).
+//!
+//! The engine speaks in keys, tokens and ttls; a [`Store`] turns them into commands, scripts and
+//! connections. Only the modules below this one use `redis`, and each decides where its
+//! internal keys and channels live ([`Names`] is the default layout).
+
+use std::error::Error;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Backoff;
+use crate::error::LockError;
+use crate::options::LockKind;
+
+pub(crate) mod cluster;
+#[cfg(feature = "test-util")]
+pub(crate) mod memory;
+pub(crate) mod redis;
+pub(crate) mod redlock;
+mod scripts;
+pub(crate) mod tls;
+
+/// A boxed future, so deployments can sit behind one `dyn Store`.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where locks live.
+///
+/// # Cancellation
+/// Every method may be dropped at any `.await`. `acquire` owns the cleanup of its own attempt:
+/// when it fails, or is dropped, after its request may have reached the store, the deployment
+/// undoes that request itself, in the background and ordered after it, so the engine never
+/// holds a key it does not know about.
+pub(crate) trait Store: Send + Sync + 'static {
+    /// One attempt to take `request.key` for `request.token`, bounded by `budget`.
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, StoreError>>;
+
+    /// Extends every lease still held by its token; one outcome per lease, in order.
+    fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>>;
+
+    /// Compare-and-delete, announcing the release to waiters: `true` when our lease was removed,
+    /// `false` when it was no longer ours.
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// A subscription to release announcements, for waiters.
+    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
+
+    /// Opens (or checks) the current runtime's connections, so the first real call pays nothing.
+    fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// Release announcements for the keys being waited for.
+pub(crate) trait ReleaseFeed: Send {
+    /// Starts hearing about releases of `key`; returns once the subscription is confirmed.
+    fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Stops hearing about `key`.
+    fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The next release heard; `None` once the feed is gone (then open a new one).
+    fn next_release(&mut self) -> BoxFuture<'_, Option<Released>>;
+}
+
+/// One release announcement: the key, and the token of the lease that was released (so the
+/// announcements of one release heard from several servers can be told apart from the next).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Released {
+    pub(crate) key: String,
+    pub(crate) token: String,
+}
+
+/// One attempt to take a lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcquireRequest<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) kind: LockKind,
+    pub(crate) ttl: Duration,
+    pub(crate) fencing: bool,
+    /// The caller will wait when busy: report how long until it may be free (a waiter sleeps at
+    /// most that long), and keep its place (fair) or keep new readers out (a writer).
+    pub(crate) waiting: bool,
+    /// Waiters are served in arrival order, and nobody barges past them.
+    pub(crate) fair: bool,
+}
+
+impl AcquireRequest<'_> {
+    /// Whether one `SET NX PX` does: an exclusive lock with nothing else asked of it.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.kind == LockKind::Exclusive && !self.fencing && !self.waiting && !self.fair
+    }
+
+    /// How long a fair waiter's place in the queue lasts unless it comes back: its own ttl (a
+    /// waiter that died blocks the queue no longer than a holder that died would), at least 1 s.
+    pub(crate) fn queue_place(&self) -> Duration {
+        self.ttl.max(Duration::from_secs(1))
+    }
+}
+
+/// What an acquire attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    Taken { fencing_token: Option<u64> },
+    Busy { remaining: Option<Duration> },
+}
+
+/// A held lease, as the store needs it to extend or release it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseRef<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) kind: LockKind,
+    pub(crate) ttl: Duration,
+}
+
+/// What one extension found.
+#[derive(Debug, Clone)]
+pub(crate) enum Renewal {
+    /// Still ours; the lease runs a new ttl from the attempt's send time.
+    Extended,
+    /// Gone or held by another token (or replaced by a value of another type).
+    Lost,
+    /// No answer: unknown; retried before the lease's deadline.
+    Failed(StoreError),
+}
+
+/// Why a call to a deployment failed. Cheap to clone: one failure can concern a whole batch.
+#[derive(Debug, Clone)]
+pub(crate) enum StoreError {
+    /// The server failed, refused, or did not answer in time.
+    Unavailable(Arc<dyn Error + Send + Sync>),
+    /// The caller cannot use the deployment (no fitting runtime); nothing was sent.
+    Unusable(Arc<LockError>),
+    /// A quorum deployment heard alike from fewer than a majority of its servers.
+    NoQuorum { answered: usize, needed: usize },
+}
+
+impl StoreError {
+    pub(crate) fn unavailable(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        Self::Unavailable(Arc::from(error.into()))
+    }
+
+    pub(crate) fn into_lock_error(self, key: Option<&str>) -> LockError {
+        match self {
+            Self::Unavailable(source) => LockError::Redis {
+                key: key.map(str::to_owned),
+                source: Box::new(Shared(source)),
+            },
+            Self::Unusable(error) => {
+                Arc::try_unwrap(error).unwrap_or_else(|shared| LockError::Config {
+                    message: shared.to_string(),
+                })
+            }
+            Self::NoQuorum { answered, needed } => LockError::NoQuorum {
+                key: key.unwrap_or_default().to_owned(),
+                answered,
+                needed,
+            },
+        }
+    }
+}
+
+impl From<LockError> for StoreError {
+    fn from(error: LockError) -> Self {
+        Self::Unusable(Arc::new(error))
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable(source) => source.fmt(f),
+            Self::Unusable(error) => error.fmt(f),
+            Self::NoQuorum { answered, needed } => {
+                write!(
+                    f,
+                    "only {answered} of the {needed} masters needed answered alike"
+                )
+            }
+        }
+    }
+}
+
+/// A shared error as the `source` of a [`LockError`].
+#[derive(Debug)]
+struct Shared(Arc<dyn Error + Send + Sync>);
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Error for Shared {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Retries a compare-and-delete until the store answers it, or until the lease would have lapsed
+/// anyway: for releases nobody waits for (a dropped guard, an abandoned acquire). `false` when it
+/// gave up.
+pub(crate) async fn release_until_settled(store: &dyn Store, lease: LeaseRef<'_>) -> bool {
+    let give_up = tokio::time::Instant::now() + lease.ttl;
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        match store.release(lease).await {
+            Ok(deleted) => {
+                tracing::debug!(key = %lease.key, deleted, "lock released in the background");
+                return true;
+            }
+            Err(error) => {
+                let pause = backoff.next_delay();
+                if tokio::time::Instant::now() + pause >= give_up {
+                    tracing::warn!(key = %lease.key, error = %error, "background release gave up; the key expires with its lease");
+                    return false;
+                }
+                tracing::debug!(key = %lease.key, error = %error, retry_in = ?pause, "background release failed; retrying");
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// A server that could not be reached, named (host and port; never a password).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach {server}: {source}{hint}")]
+pub(crate) struct Unreachable {
+    pub(crate) server: String,
+    #[source]
+    pub(crate) source: Box<dyn Error + Send + Sync>,
+    /// What to check, when the failure suggests something.
+    pub(crate) hint: &'static str,
+}
+
+impl Unreachable {
+    /// `source` while connecting to `server`; `tls_unanswered` when a TLS connection heard
+    /// nothing back, as from a port that does not speak TLS.
+    pub(crate) fn error(
+        server: impl fmt::Display,
+        tls_unanswered: bool,
+        source: impl Into<Box<dyn Error + Send + Sync>>,
+    ) -> StoreError {
+        StoreError::unavailable(Self {
+            server: server.to_string(),
+            source: source.into(),
+            hint: if tls_unanswered {
+                " (no TLS handshake: does this port speak TLS? `rediss://` needs a TLS port)"
+            } else {
+                ""
+            },
+        })
+    }
+}
+
+/// A call that got no answer within its budget.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {0:?}")]
+pub(crate) struct TimedOut(pub(crate) Duration);
+
+/// Where a deployment keeps what belongs to a lock besides its key: the fencing counter (which
+/// outlives releases) and the channel that announces releases. Under a namespace of their own
+/// (`lockmacro` unless the client sets another), so an ACL can grant exactly them.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    namespace: Arc<str>,
+}
+
+impl Names {
+    pub(crate) fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+        }
+    }
+
+    pub(crate) fn fencing_counter(&self, key: &str) -> String {
+        format!("{}:fence:{key}", self.namespace)
+    }
+
+    /// The fair queue of `key`: waiting tokens in arrival order.
+    pub(crate) fn queue(&self, key: &str) -> String {
+        format!("{}:queue:{key}", self.namespace)
+    }
+
+    /// When each place in the fair queue of `key` lapses.
+    pub(crate) fn queue_expiry(&self, key: &str) -> String {
+        format!("{}:queue-expiry:{key}", self.namespace)
+    }
+
+    /// Writers waiting for the readers of `key` to leave.
+    pub(crate) fn writers(&self, key: &str) -> String {
+        format!("{}:writers:{key}", self.namespace)
+    }
+
+    /// Every name the acquire script needs for `key`.
+    pub(crate) fn for_acquire(&self, key: &str) -> AcquireNames {
+        AcquireNames {
+            fencing_counter: self.fencing_counter(key),
+            queue: self.queue(key),
+            queue_expiry: self.queue_expiry(key),
+            writers: self.writers(key),
+        }
+    }
+
+    pub(crate) fn release_channel(&self, key: &str) -> String {
+        format!("{}{key}", self.release_channel_prefix())
+    }
+
+    /// The key whose release `channel` announces, if it is one of ours.
+    pub(crate) fn released_key<'c>(&self, channel: &'c str) -> Option<&'c str> {
+        channel
+            .strip_prefix(self.namespace.as_ref())?
+            .strip_prefix(":released:")
+    }
+
+    fn release_channel_prefix(&self) -> String {
+        format!("{}:released:", self.namespace)
+    }
+}
+
+/// What the acquire script keeps beside a lock key.
+#[derive(Debug, Clone)]
+pub(crate) struct AcquireNames {
+    pub(crate) fencing_counter: String,
+    pub(crate) queue: String,
+    pub(crate) queue_expiry: String,
+    pub(crate) writers: String,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self::new("lockmacro")
+    }
+}

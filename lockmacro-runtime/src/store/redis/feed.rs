@@ -1,0 +1,75 @@
+//! Release announcements from one Redis server, on a subscription connection of its own (one
+//! per client, shared by every waiting key, so waiters never each take a connection).
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+
+use crate::store::{BoxFuture, Names, ReleaseFeed, Released, StoreError, TimedOut};
+
+pub(crate) struct PubSubFeed {
+    sink: PubSubSink,
+    stream: PubSubStream,
+    names: Names,
+    response_timeout: Duration,
+}
+
+impl PubSubFeed {
+    pub(crate) async fn open(
+        client: &redis::Client,
+        names: Names,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let pubsub = bounded(connect_timeout, client.get_async_pubsub()).await?;
+        let (sink, stream) = pubsub.split();
+        Ok(Self {
+            sink,
+            stream,
+            names,
+            response_timeout,
+        })
+    }
+}
+
+impl ReleaseFeed for PubSubFeed {
+    fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        let channel = self.names.release_channel(key);
+        Box::pin(bounded(self.response_timeout, self.sink.subscribe(channel)))
+    }
+
+    fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        let channel = self.names.release_channel(key);
+        Box::pin(bounded(
+            self.response_timeout,
+            self.sink.unsubscribe(channel),
+        ))
+    }
+
+    fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
+        Box::pin(async move {
+            loop {
+                let message = self.stream.next().await?;
+                if let Some(key) = self.names.released_key(message.get_channel_name()) {
+                    return Some(Released {
+                        key: key.to_owned(),
+                        token: message.get_payload().unwrap_or_default(),
+                    });
+                }
+            }
+        })
+    }
+}
+
+/// `call`, failing after `budget`.
+async fn bounded<T>(
+    budget: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(budget, call).await {
+        Ok(reply) => reply.map_err(StoreError::unavailable),
+        Err(_) => Err(StoreError::unavailable(TimedOut(budget))),
+    }
+}

@@ -1,0 +1,388 @@
+//! Redlock: one lock over N independent Redis masters (odd N ≥ 3), held while a majority agrees.
+//! `LockClient::redlock_builder([...])`.
+//!
+//! Each master is a one-server deployment of its own ([`RedisStore`]); this module only counts.
+//! - Acquire: on every master at once, each with a budget far below the ttl. Taken when a
+//!   majority took it and time is left: validity = ttl − elapsed − drift. Otherwise the attempt
+//!   is undone on every master before returning. `Busy` only when a majority names another
+//!   holder; no majority either way is [`LockError::NoQuorum`](crate::LockError::NoQuorum).
+//! - Renewal: one batch per master per tick, all at once; a lease is extended when a majority
+//!   confirmed it, lost when a majority says it is not ours, and otherwise retried. A failed
+//!   tick never releases anything.
+//! - Release: on every master; answered once a majority answered, the rest finish in the
+//!   background.
+//! - Waiting: announcements from every master, one per release (they carry the released token).
+//! - Fencing is refused: the largest counter over a quorum need not grow, since the next holder's
+//!   quorum may miss the master that counted the last token.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use futures_util::future::{join_all, select_all};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::redis::{RedisStore, Settings};
+use super::{
+    AcquireRequest, Acquired, BoxFuture, LeaseRef, ReleaseFeed, Released, Renewal, Store,
+    StoreError,
+};
+use crate::clock;
+use crate::error::LockError;
+
+/// A Redlock quorum.
+pub(crate) struct RedlockStore {
+    masters: Vec<RedisStore>,
+    settings: Settings,
+}
+
+impl RedlockStore {
+    /// A quorum over `masters`; refuses anything but an odd number, at least 3.
+    pub(crate) fn new(masters: Vec<RedisStore>, settings: Settings) -> Result<Self, String> {
+        let n = masters.len();
+        if n < 3 || n.is_multiple_of(2) {
+            return Err(format!(
+                "Redlock needs an odd number of independent masters, at least 3; got {n}"
+            ));
+        }
+        Ok(Self { masters, settings })
+    }
+
+    /// How long a renewal waits for the other masters once a majority decided every lease.
+    const GRACE: Duration = Duration::from_millis(20);
+
+    fn quorum(&self) -> usize {
+        self.masters.len() / 2 + 1
+    }
+
+    /// Compare-and-delete on every master, awaited (bounded), for undoing an attempt.
+    async fn release_everywhere(&self, lease: LeaseRef<'_>) {
+        let budget = self.settings.response_timeout;
+        let releases = self.masters.iter().map(|master| master.release(lease));
+        let _ = tokio::time::timeout(budget, join_all(releases)).await;
+    }
+}
+
+impl Store for RedlockStore {
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
+        Box::pin(async move {
+            if request.fencing {
+                return Err(StoreError::from(LockError::InvalidOptions {
+                    message: "fencing tokens are not offered over Redlock: the largest counter \
+                              of a quorum need not grow from one holder to the next; take fenced \
+                              locks on one Redis, Sentinel or a Cluster"
+                        .into(),
+                }));
+            }
+            // Far below the ttl, so that slow masters cannot eat the lease (the Redlock paper).
+            let per_master = budget.min((request.ttl / 10).max(Duration::from_millis(10)));
+            let started = Instant::now();
+            // Every master's answer, each bounded by the per-master budget: a slow master that
+            // takes it is part of the lock, not undone for being late.
+            let quorum = self.quorum();
+            let answers = join_all(
+                self.masters
+                    .iter()
+                    .map(|master| master.acquire(request, per_master)),
+            )
+            .await;
+            let elapsed = started.elapsed();
+            let taken = answers
+                .iter()
+                .filter(|answer| matches!(answer, Ok(Acquired::Taken { .. })))
+                .count();
+            let mut busy: Vec<Option<Duration>> = answers
+                .iter()
+                .filter_map(|answer| match answer {
+                    Ok(Acquired::Busy { remaining }) => Some(*remaining),
+                    _ => None,
+                })
+                .collect();
+            let validity = request
+                .ttl
+                .checked_sub(elapsed + clock::drift(request.ttl))
+                .filter(|left| !left.is_zero());
+            if taken >= quorum && validity.is_some() {
+                return Ok(Acquired::Taken {
+                    fencing_token: None,
+                });
+            }
+            // Not ours: undo wherever it was taken (or may have been), before answering.
+            if taken > 0 || busy.len() + taken < self.masters.len() {
+                self.release_everywhere(LeaseRef {
+                    key: request.key,
+                    token: request.token,
+                    kind: request.kind,
+                    ttl: request.ttl,
+                })
+                .await;
+            }
+            if busy.len() >= quorum {
+                // Free again once all but a minority of the busy masters are free.
+                busy.sort_unstable();
+                let frees_a_majority = busy.len() - (self.masters.len() - quorum);
+                let remaining = busy.get(frees_a_majority - 1).copied().flatten();
+                return Ok(Acquired::Busy { remaining });
+            }
+            if taken >= quorum {
+                return Err(StoreError::unavailable(format!(
+                    "a majority took the lock only after {elapsed:?}, past the lease's validity"
+                )));
+            }
+            Err(StoreError::NoQuorum {
+                answered: taken.max(busy.len()),
+                needed: quorum,
+            })
+        })
+    }
+
+    fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
+        Box::pin(async move {
+            // Answers until every lease is decided: a frozen master must not hold back the
+            // majority's confirmations past the leases' deadlines.
+            let quorum = self.quorum();
+            let mut pending: FuturesUnordered<_> = self
+                .masters
+                .iter()
+                .map(|master| master.extend(leases))
+                .collect();
+            let mut per_master: Vec<Vec<Renewal>> = Vec::with_capacity(self.masters.len());
+            let decided = |per_master: &[Vec<Renewal>]| {
+                (0..leases.len()).all(|i| {
+                    let (extended, lost) = per_master
+                        .iter()
+                        .filter_map(|answers| answers.get(i))
+                        .fold((0, 0), |(extended, lost), outcome| match outcome {
+                            Renewal::Extended => (extended + 1, lost),
+                            Renewal::Lost => (extended, lost + 1),
+                            Renewal::Failed(_) => (extended, lost),
+                        });
+                    extended >= quorum || lost >= quorum
+                })
+            };
+            while let Some(answers) = pending.next().await {
+                per_master.push(answers);
+                if decided(&per_master) {
+                    // A moment more for the others, so that their keys are extended too.
+                    let others = async {
+                        while let Some(answers) = pending.next().await {
+                            per_master.push(answers);
+                        }
+                    };
+                    let _ = tokio::time::timeout(Self::GRACE, others).await;
+                    break;
+                }
+            }
+            drop(pending);
+            (0..leases.len())
+                .map(|i| {
+                    let outcomes = per_master.iter().filter_map(|answers| answers.get(i));
+                    let (mut extended, mut lost, mut failure) = (0, 0, None);
+                    for outcome in outcomes {
+                        match outcome {
+                            Renewal::Extended => extended += 1,
+                            Renewal::Lost => lost += 1,
+                            Renewal::Failed(error) => failure = Some(error.clone()),
+                        }
+                    }
+                    if extended >= quorum {
+                        Renewal::Extended
+                    } else if lost >= quorum {
+                        Renewal::Lost
+                    } else {
+                        Renewal::Failed(failure.unwrap_or(StoreError::NoQuorum {
+                            answered: extended.max(lost),
+                            needed: quorum,
+                        }))
+                    }
+                })
+                .collect()
+        })
+    }
+
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            // Every master gets the release in a task of its own, which finishes even when this
+            // call returns at the majority.
+            let mut answers: FuturesUnordered<_> = self
+                .masters
+                .iter()
+                .map(|master| {
+                    let (master, (key, token)) = (
+                        master.clone(),
+                        (lease.key.to_owned(), lease.token.to_owned()),
+                    );
+                    let (kind, ttl) = (lease.kind, lease.ttl);
+                    let (answer, answered) = oneshot::channel();
+                    self.settings.background.spawn(async move {
+                        let lease = LeaseRef {
+                            key: &key,
+                            token: &token,
+                            kind,
+                            ttl,
+                        };
+                        let _ = answer.send(master.release(lease).await);
+                    });
+                    answered
+                })
+                .collect();
+            let quorum = self.quorum();
+            let (mut answered, mut deleted, mut failure) = (0, 0, None);
+            while let Some(answer) = answers.next().await {
+                match answer {
+                    Ok(Ok(ours)) => {
+                        answered += 1;
+                        deleted += usize::from(ours);
+                        if answered >= quorum {
+                            return Ok(deleted >= quorum);
+                        }
+                    }
+                    Ok(Err(error)) => failure = Some(error),
+                    Err(_) => {}
+                }
+            }
+            Err(failure.unwrap_or(StoreError::NoQuorum {
+                answered,
+                needed: quorum,
+            }))
+        })
+    }
+
+    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
+        Box::pin(async move {
+            let opened = join_all(self.masters.iter().map(|master| master.release_feed())).await;
+            let mut feeds = Vec::new();
+            let mut failure = None;
+            for feed in opened {
+                match feed {
+                    Ok(feed) => feeds.push(feed),
+                    Err(error) => failure = Some(error),
+                }
+            }
+            // One master's announcements are enough to wake waiters; none at all is a failure.
+            if feeds.is_empty() {
+                return Err(failure.unwrap_or(StoreError::NoQuorum {
+                    answered: 0,
+                    needed: 1,
+                }));
+            }
+            Ok(Box::new(QuorumFeed {
+                feeds,
+                heard: VecDeque::new(),
+                seen: HashMap::new(),
+            }) as Box<dyn ReleaseFeed>)
+        })
+    }
+
+    fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let connected = join_all(self.masters.iter().map(|master| master.connect())).await;
+            let failed: Vec<String> = connected
+                .iter()
+                .filter_map(|outcome| outcome.as_ref().err().map(ToString::to_string))
+                .collect();
+            let reached = connected.len() - failed.len();
+            if reached >= self.quorum() {
+                if !failed.is_empty() {
+                    tracing::warn!(reached, failed = ?failed, "some Redlock masters cannot be reached");
+                }
+                Ok(())
+            } else {
+                Err(connected
+                    .into_iter()
+                    .find_map(Result::err)
+                    .unwrap_or(StoreError::NoQuorum {
+                        answered: reached,
+                        needed: self.quorum(),
+                    }))
+            }
+        })
+    }
+}
+
+/// Release announcements from every master, one per release.
+struct QuorumFeed {
+    feeds: Vec<Box<dyn ReleaseFeed>>,
+    /// Releases heard lately, oldest first, to let their other announcements pass.
+    heard: VecDeque<(Released, Instant)>,
+    seen: HashMap<Released, usize>,
+}
+
+impl QuorumFeed {
+    /// How long the other masters' announcements of one release are expected to trail.
+    const ECHO: Duration = Duration::from_secs(5);
+
+    /// Whether `released` is news, not another master's announcement of a release heard already.
+    fn is_news(&mut self, released: Released) -> bool {
+        let now = Instant::now();
+        while let Some((old, at)) = self.heard.front() {
+            if now.duration_since(*at) < Self::ECHO {
+                break;
+            }
+            if let Some(count) = self.seen.get_mut(old) {
+                *count -= 1;
+                if *count == 0 {
+                    self.seen.remove(old);
+                }
+            }
+            self.heard.pop_front();
+        }
+        let count = self.seen.entry(released.clone()).or_insert(0);
+        *count += 1;
+        self.heard.push_back((released, now));
+        *count == 1
+    }
+}
+
+impl ReleaseFeed for QuorumFeed {
+    fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let watched = join_all(self.feeds.iter_mut().map(|feed| feed.watch(key))).await;
+            // One master that hears releases is enough; the lease-timed fallback covers the rest.
+            if watched.iter().any(Result::is_ok) {
+                Ok(())
+            } else {
+                watched
+                    .into_iter()
+                    .find_map(Result::err)
+                    .map_or(Ok(()), Err)
+            }
+        })
+    }
+
+    fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let unwatched = join_all(self.feeds.iter_mut().map(|feed| feed.unwatch(key))).await;
+            unwatched
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), Err)
+        })
+    }
+
+    fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
+        Box::pin(async move {
+            loop {
+                let next = self.feeds.iter_mut().map(|feed| feed.next_release());
+                let (released, index, _) = select_all(next).await;
+                match released {
+                    Some(released) if self.is_news(released.clone()) => return Some(released),
+                    Some(_) => {}
+                    None => {
+                        // That master's subscription is gone; the others carry on, and with
+                        // none left the feed is reopened.
+                        drop(self.feeds.remove(index));
+                        if self.feeds.is_empty() {
+                            return None;
+                        }
+                    }
+                }
+            }
+        })
+    }
+}

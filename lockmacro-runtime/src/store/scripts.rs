@@ -1,0 +1,131 @@
+//! The Lua scripts every Redis deployment runs, and how their calls are built.
+//!
+//! Scripts never build a key or channel name themselves: every name arrives in `KEYS`/`ARGV`,
+//! chosen in Rust by the deployment, so a cluster can keep them in the lock key's slot.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use super::{AcquireNames, AcquireRequest, LeaseRef};
+use crate::clock::millis;
+use crate::options::LockKind;
+
+pub(crate) const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
+pub(crate) const RELEASE_LUA: &str = include_str!("scripts/release.lua");
+pub(crate) const EXTEND_LUA: &str = include_str!("scripts/extend.lua");
+
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
+
+/// Every script, for loading them up front on a new connection.
+pub(crate) const ALL: [&str; 3] = [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA];
+
+/// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
+pub(crate) const EXTEND_CHUNK: usize = 500;
+
+/// How long a fencing counter lives after its last use. Tokens never go below the server clock
+/// in microseconds, so a counter that expired cannot make them go back; the counter only orders
+/// acquisitions faster than the clock, or across a clock that stepped back by less than this.
+pub(crate) const FENCING_COUNTER_LIFE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// `SET key token NX PX ttl`: the exclusive fast path, one command.
+pub(crate) fn set_nx(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
+    cmd
+}
+
+/// `SET key token NX PX ttl GET` (Redis 7): as [`set_nx`], but the reply tells a retried `SET`
+/// that already landed (our own token comes back) from another holder's key.
+pub(crate) fn set_nx_get(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
+    let mut cmd = set_nx(key, token, ttl);
+    cmd.arg("GET");
+    cmd
+}
+
+/// The acquire script: any kind of lock, with a fencing token, a fair queue or a writer's claim
+/// against new readers, as `request` asks.
+pub(crate) fn acquire(request: &AcquireRequest<'_>, names: &AcquireNames) -> redis::Cmd {
+    let mut cmd = evalsha(&ACQUIRE, 5);
+    cmd.arg(request.key)
+        .arg(&names.fencing_counter)
+        .arg(&names.queue)
+        .arg(&names.queue_expiry)
+        .arg(&names.writers);
+    let (kind, permits) = match request.kind {
+        LockKind::Exclusive => ("x", 0),
+        LockKind::Read => ("r", 0),
+        LockKind::Permits(permits) => ("p", permits),
+    };
+    let flag = |on: bool| if on { "1" } else { "0" };
+    cmd.arg(request.token)
+        .arg(millis(request.ttl))
+        .arg(if request.fencing {
+            millis(FENCING_COUNTER_LIFE)
+        } else {
+            0
+        })
+        .arg(kind)
+        .arg(permits)
+        .arg(flag(request.fair))
+        .arg(flag(request.waiting))
+        .arg(millis(request.queue_place()));
+    cmd
+}
+
+/// How a release is announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Announce {
+    /// `PUBLISH`: every subscriber of the server hears it.
+    Publish,
+    /// `SPUBLISH`: a sharded channel, heard on the cluster node that owns its slot.
+    ShardedPublish,
+}
+
+/// The compare-and-delete script.
+pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) -> redis::Cmd {
+    let mut cmd = evalsha(&RELEASE, 1);
+    cmd.arg(lease.key)
+        .arg(lease.token)
+        .arg(channel)
+        .arg(match announce {
+            Announce::Publish => "PUBLISH",
+            Announce::ShardedPublish => "SPUBLISH",
+        });
+    cmd
+}
+
+/// One extend-script call per chunk of leases, pipelined: one round trip for all of them.
+pub(crate) fn extend(leases: &[LeaseRef<'_>]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for chunk in leases.chunks(EXTEND_CHUNK) {
+        let cmd = pipe.cmd("EVALSHA").arg(EXTEND.get_hash()).arg(chunk.len());
+        for lease in chunk {
+            cmd.arg(lease.key);
+        }
+        for lease in chunk {
+            cmd.arg(lease.token).arg(millis(lease.ttl));
+        }
+    }
+    pipe
+}
+
+/// `SCRIPT LOAD` of every script, ignoring the replies: sent once per new connection, so a
+/// crowd of first callers does not each meet `NOSCRIPT`.
+pub(crate) fn load_all() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for source in ALL {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    pipe
+}
+
+/// `EVALSHA sha numkeys`, to be followed by keys and arguments.
+fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}

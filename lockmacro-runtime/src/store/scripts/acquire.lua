@@ -1,0 +1,142 @@
+-- Take a lock of any kind in one atomic step, and, when asked, hand out a fencing token, keep
+-- waiters in arrival order, or keep new readers out while a writer waits.
+--
+-- KEYS[1] = lock key; KEYS[2] = fencing counter; KEYS[3] = fair queue (a list of waiting
+-- tokens, in arrival order); KEYS[4] = the queue's expiries (token -> ms); KEYS[5] = waiting
+-- writers (a sorted set of tokens by expiry, ms). Every name comes from the caller, in KEYS[1]'s
+-- slot.
+-- ARGV[1] = token; ARGV[2] = ttl ms; ARGV[3] = fencing counter life ms, '0' without fencing;
+-- ARGV[4] = kind: 'x' exclusive, 'r' read, 'p' permits; ARGV[5] = how many permits;
+-- ARGV[6] = '1' when fair; ARGV[7] = '1' when the caller will wait; ARGV[8] = how long a
+-- waiter's place in the fair queue lasts unless it comes back, ms.
+--
+-- An exclusive lock is a string (its holder's token). Readers and permit holders share a hash:
+-- field `kind` says which ('read' or 'permits:N'), and each holder has a field of its own, its
+-- token, holding its own expiry (ms, server clock), so each lease lives and ends on its own.
+--
+-- Returns {1, fencing token (0 without)} when taken; {0, ms until it may be free, -1 if not
+-- known} when busy.
+local key, token, ttl, kind = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4]
+local fair, waiting = ARGV[6] == '1', ARGV[7] == '1'
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+local function ms(n)
+  return string.format('%d', math.floor(n))
+end
+
+-- Holders of a shared lock whose expiry passed are dropped (a crashed reader blocks others at
+-- most its ttl). Returns how many are left, and the latest and earliest expiry among them.
+local function live_holders()
+  local fields = redis.call('HGETALL', key)
+  local count, latest, earliest = 0, 0, nil
+  for i = 1, #fields, 2 do
+    if fields[i] ~= 'kind' then
+      local expires = tonumber(fields[i + 1]) or 0
+      if expires <= now then
+        redis.call('HDEL', key, fields[i])
+      else
+        count = count + 1
+        if expires > latest then latest = expires end
+        if not earliest or expires < earliest then earliest = expires end
+      end
+    end
+  end
+  return count, latest, earliest
+end
+
+-- The fair queue's first live waiter; waiters that stopped coming back are dropped.
+local function queue_head()
+  while true do
+    local head = redis.call('LINDEX', KEYS[3], 0)
+    if not head then return nil end
+    local expires = tonumber(redis.call('HGET', KEYS[4], head))
+    if expires and expires > now then return head end
+    redis.call('LPOP', KEYS[3])
+    redis.call('HDEL', KEYS[4], head)
+  end
+end
+
+local function busy(remaining)
+  if fair and waiting then
+    local life = tonumber(ARGV[8])
+    if redis.call('HSET', KEYS[4], token, ms(now + life)) == 1 then
+      redis.call('RPUSH', KEYS[3], token)
+    end
+    redis.call('PEXPIRE', KEYS[3], life)
+    redis.call('PEXPIRE', KEYS[4], life)
+  end
+  return {0, remaining}
+end
+
+if fair then
+  local head = queue_head()
+  if head and head ~= token then
+    return busy(-1)
+  end
+end
+
+local ktype = redis.call('TYPE', key)['ok']
+if ktype == 'hash' then
+  -- A shared lock whose holders are all gone is no lock.
+  if live_holders() == 0 then
+    redis.call('DEL', key)
+    ktype = 'none'
+  end
+end
+
+if kind == 'x' then
+  if ktype == 'none' then
+    redis.call('SET', key, token, 'PX', ttl)
+  elseif not (ktype == 'string' and redis.call('GET', key) == token) then
+    if ktype == 'hash' and waiting then
+      -- A writer waiting on readers keeps new readers out, so readers cannot starve it.
+      redis.call('ZADD', KEYS[5], ms(now + ttl), token)
+      redis.call('PEXPIRE', KEYS[5], ttl)
+    end
+    return busy(redis.call('PTTL', key))
+  end
+  redis.call('ZREM', KEYS[5], token)
+else
+  local tag = 'read'
+  if kind == 'p' then tag = 'permits:' .. ARGV[5] end
+  if ktype == 'string' or (ktype == 'hash' and redis.call('HGET', key, 'kind') ~= tag) then
+    return busy(redis.call('PTTL', key))
+  end
+  local count, latest, earliest = 0, 0, nil
+  if ktype == 'hash' then
+    count, latest, earliest = live_holders()
+  end
+  -- A call retried after it already ran finds its own field.
+  if redis.call('HEXISTS', key, token) == 0 then
+    if kind == 'r' then
+      redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+      if redis.call('ZCARD', KEYS[5]) > 0 then
+        return busy(-1)
+      end
+    elseif count >= tonumber(ARGV[5]) then
+      return busy(earliest - now)
+    end
+  end
+  redis.call('HSET', key, token, ms(now + ttl), 'kind', tag)
+  if now + ttl > latest then latest = now + ttl end
+  redis.call('PEXPIRE', key, latest - now)
+end
+
+if fair then
+  redis.call('LREM', KEYS[3], 1, token)
+  redis.call('HDEL', KEYS[4], token)
+end
+
+if ARGV[3] == '0' then
+  return {1, 0}
+end
+-- Strictly increasing, even once the counter is gone (expired, or a restart without
+-- persistence): never below the server clock in microseconds.
+local floor = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local fence = (tonumber(redis.pcall('GET', KEYS[2])) or 0) + 1
+if fence < floor then
+  fence = floor
+end
+redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
+return {1, fence}

@@ -1,0 +1,38 @@
+-- Extend many leases in one call, each only while it is still held by its token: an exclusive
+-- lock's key is extended; a shared lock's holder gets a new expiry and the key lives as long as
+-- its longest-living holder. A missing key is never re-created: that lease is lost. A key
+-- replaced by a value of another type is lost too, and costs the other leases nothing.
+-- KEYS[i] = lock key, ARGV[2i-1] = its token, ARGV[2i] = its ttl in ms.
+-- Returns one integer per key: 1 extended, 0 lost.
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local extended = {}
+for i, key in ipairs(KEYS) do
+  local token, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  extended[i] = 0
+  local holder = redis.pcall('GET', key)
+  if holder == token then
+    redis.call('PEXPIRE', key, ttl)
+    extended[i] = 1
+  elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash' then
+    local expires = tonumber(redis.call('HGET', key, token))
+    if expires and expires > now then
+      redis.call('HSET', key, token, string.format('%d', now + ttl))
+      local fields = redis.call('HGETALL', key)
+      local latest = now + ttl
+      for f = 1, #fields, 2 do
+        if fields[f] ~= 'kind' then
+          local other = tonumber(fields[f + 1]) or 0
+          if other <= now then
+            redis.call('HDEL', key, fields[f])
+          elseif other > latest then
+            latest = other
+          end
+        end
+      end
+      redis.call('PEXPIRE', key, latest - now)
+      extended[i] = 1
+    end
+  end
+end
+return extended

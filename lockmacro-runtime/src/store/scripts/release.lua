@@ -1,0 +1,37 @@
+-- Release one lease, only while it is still held by its token, and tell waiters: an exclusive
+-- lock's key is deleted; a shared lock's holder leaves, and the key goes with its last holder.
+-- KEYS[1] = lock key; ARGV[1] = our token; ARGV[2] = the release channel;
+-- ARGV[3] = how to announce: 'PUBLISH', or 'SPUBLISH' for a sharded channel in a cluster.
+-- The message is the released token, which tells one release from the next.
+-- Returns 1 when our lease was removed, 0 when it was not ours (gone, another token, another
+-- type).
+local key, token = KEYS[1], ARGV[1]
+local holder = redis.pcall('GET', key)
+if holder == token then
+  redis.call('DEL', key)
+elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
+    and redis.call('HDEL', key, token) == 1 then
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  local fields = redis.call('HGETALL', key)
+  local latest = 0
+  for f = 1, #fields, 2 do
+    if fields[f] ~= 'kind' then
+      local other = tonumber(fields[f + 1]) or 0
+      if other <= now then
+        redis.call('HDEL', key, fields[f])
+      elseif other > latest then
+        latest = other
+      end
+    end
+  end
+  if latest == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIRE', key, latest - now)
+  end
+else
+  return 0
+end
+redis.call(ARGV[3], ARGV[2], token)
+return 1

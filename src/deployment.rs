@@ -1,0 +1,337 @@
+//! Deployments the conformance suite runs against: each starts the real thing on loopback, hands
+//! out clients for it, and lets a test look at (or tamper with) lock keys around the library.
+
+use std::time::Duration;
+
+use lockmacro_runtime::{LockClient, LockClientBuilder};
+use redis::AsyncCommands;
+
+use crate::{RedisCluster, RedisSentinel, RedisServer};
+
+/// A running deployment, as the conformance suite needs it.
+#[allow(async_fn_in_trait)]
+pub trait Deployment {
+    /// A client of it, ready to use.
+    async fn client(&self) -> LockClient;
+
+    /// A client of it that has done no I/O yet.
+    fn unconnected_client(&self) -> LockClient;
+
+    /// The value stored under `key` (a holder's token), read around the library.
+    async fn holder(&self, key: &str) -> Option<String>;
+
+    /// Lets another owner take `key`, replacing whatever is there, for `ttl` (or for good);
+    /// returns the value it stored.
+    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String;
+
+    /// Returns once some client listens for releases of `key`: a waiter has found it busy and
+    /// subscribed, so from now on it sleeps on the announcement.
+    async fn waiter_subscribed(&self, key: &str);
+
+    /// Whether it hands out fencing tokens (Redlock refuses them).
+    fn offers_fencing(&self) -> bool {
+        true
+    }
+}
+
+/// One `redis-server`.
+#[derive(Debug)]
+pub struct SingleRedis {
+    /// The server.
+    pub server: RedisServer,
+}
+
+impl SingleRedis {
+    /// Starts a server.
+    pub fn start() -> Self {
+        Self {
+            server: RedisServer::start(),
+        }
+    }
+}
+
+impl Deployment for SingleRedis {
+    async fn client(&self) -> LockClient {
+        connected(LockClient::builder(&self.server.url())).await
+    }
+
+    fn unconnected_client(&self) -> LockClient {
+        unconnected(LockClient::builder(&self.server.url()))
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        get(&self.server, key).await
+    }
+
+    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+        set(&self.server, key, ttl).await
+    }
+
+    async fn waiter_subscribed(&self, key: &str) {
+        let channel = format!("lockmacro:released:{key}");
+        subscribed(&[&self.server], "NUMSUB", &channel).await;
+    }
+}
+
+/// A master found through three sentinels.
+#[derive(Debug)]
+pub struct Sentinel {
+    /// The master, replica and sentinels.
+    pub deployment: RedisSentinel,
+}
+
+impl Sentinel {
+    /// Starts a master, a replica and three sentinels.
+    pub fn start() -> Self {
+        Self {
+            deployment: RedisSentinel::start(),
+        }
+    }
+}
+
+impl Deployment for Sentinel {
+    async fn client(&self) -> LockClient {
+        connected(LockClient::builder(&self.deployment.url())).await
+    }
+
+    fn unconnected_client(&self) -> LockClient {
+        unconnected(LockClient::builder(&self.deployment.url()))
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        get(self.deployment.master(), key).await
+    }
+
+    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+        set(self.deployment.master(), key, ttl).await
+    }
+
+    async fn waiter_subscribed(&self, key: &str) {
+        let channel = format!("lockmacro:released:{key}");
+        subscribed(&[self.deployment.master()], "NUMSUB", &channel).await;
+    }
+}
+
+/// A Redis Cluster of three masters.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The nodes.
+    pub cluster: RedisCluster,
+}
+
+impl Cluster {
+    /// Starts three masters (no replicas: the conformance suite needs no failover).
+    pub fn start() -> Self {
+        Self {
+            cluster: RedisCluster::start(3, 0),
+        }
+    }
+
+    /// The release channel of `key`, in `key`'s slot as the library names it: the key itself
+    /// after the prefix when its hash tag keeps the slot, else the key wrapped in braces.
+    pub fn release_channel(&self, key: &str) -> String {
+        let plain = format!("lockmacro:released:{key}");
+        if self.cluster.slot_of(&plain) == self.cluster.slot_of(key) {
+            plain
+        } else {
+            format!("lockmacro:released:{{{key}}}")
+        }
+    }
+}
+
+impl Deployment for Cluster {
+    async fn client(&self) -> LockClient {
+        connected(LockClient::cluster_builder(self.cluster.seed_urls())).await
+    }
+
+    fn unconnected_client(&self) -> LockClient {
+        unconnected(LockClient::cluster_builder(self.cluster.seed_urls()))
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        get(self.cluster.master_of(key), key).await
+    }
+
+    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+        set(self.cluster.master_of(key), key, ttl).await
+    }
+
+    async fn waiter_subscribed(&self, key: &str) {
+        let channel = self.release_channel(key);
+        subscribed(&[self.cluster.master_of(&channel)], "SHARDNUMSUB", &channel).await;
+    }
+}
+
+/// A Redlock quorum of independent servers.
+#[derive(Debug)]
+pub struct Redlock {
+    /// The masters.
+    pub servers: Vec<RedisServer>,
+}
+
+impl Redlock {
+    /// Starts `masters` independent servers.
+    pub fn start(masters: usize) -> Self {
+        Self {
+            servers: (0..masters).map(|_| RedisServer::start()).collect(),
+        }
+    }
+
+    /// Every master's URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+}
+
+impl Deployment for Redlock {
+    async fn client(&self) -> LockClient {
+        connected(LockClient::redlock_builder(self.urls())).await
+    }
+
+    fn unconnected_client(&self) -> LockClient {
+        unconnected(LockClient::redlock_builder(self.urls()))
+    }
+
+    /// The value a majority of the masters hold.
+    async fn holder(&self, key: &str) -> Option<String> {
+        let mut values = Vec::new();
+        for server in self.servers.iter().filter(|server| server.is_running()) {
+            values.push(get(server, key).await);
+        }
+        let majority = self.servers.len() / 2 + 1;
+        values
+            .iter()
+            .flatten()
+            .find(|value| values.iter().flatten().filter(|v| v == value).count() >= majority)
+            .cloned()
+    }
+
+    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+        let mut value = String::new();
+        for server in &self.servers {
+            value = set(server, key, ttl).await;
+        }
+        value
+    }
+
+    async fn waiter_subscribed(&self, key: &str) {
+        let channel = format!("lockmacro:released:{key}");
+        let servers: Vec<&RedisServer> = self.servers.iter().collect();
+        subscribed(&servers, "NUMSUB", &channel).await;
+    }
+
+    fn offers_fencing(&self) -> bool {
+        false
+    }
+}
+
+/// Locks in the process (`LockClient::in_memory`): its clients are clones of one, so the fixture
+/// sees their locks through the hooks.
+#[derive(Debug, Clone)]
+pub struct InMemory {
+    /// The client every test client is a clone of.
+    pub locks: LockClient,
+}
+
+impl InMemory {
+    /// A new store.
+    pub fn start() -> Self {
+        Self {
+            locks: LockClient::in_memory(),
+        }
+    }
+
+    fn hooks(&self) -> lockmacro_runtime::MemoryHooks {
+        self.locks.memory_hooks().expect("an in-memory client")
+    }
+}
+
+impl Deployment for InMemory {
+    async fn client(&self) -> LockClient {
+        self.locks.clone()
+    }
+
+    fn unconnected_client(&self) -> LockClient {
+        self.locks.clone()
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        self.hooks().holder(key)
+    }
+
+    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+        self.hooks()
+            .take_over(key, ttl.unwrap_or(Duration::from_secs(3_600)))
+    }
+
+    async fn waiter_subscribed(&self, key: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.hooks().listeners(key) == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no waiter subscribed to `{key}` within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// A client with a 100 ms scan, so renewal tests take a fraction of a second per lease.
+async fn connected(builder: LockClientBuilder) -> LockClient {
+    builder
+        .scan_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap_or_else(|err| panic!("cannot build a client: {err}"))
+}
+
+fn unconnected(builder: LockClientBuilder) -> LockClient {
+    builder
+        .build_lazy()
+        .unwrap_or_else(|err| panic!("cannot build a client: {err}"))
+}
+
+async fn get(server: &RedisServer, key: &str) -> Option<String> {
+    let mut connection = server.connection().await;
+    connection.get(key).await.expect("GET")
+}
+
+/// Sets `key` to another owner's value, returned.
+async fn set(server: &RedisServer, key: &str, ttl: Option<Duration>) -> String {
+    let value = format!("another-owner-of-{key}");
+    let mut connection = server.connection().await;
+    let mut set = redis::cmd("SET");
+    set.arg(key).arg(&value);
+    if let Some(ttl) = ttl {
+        set.arg("PX").arg(ttl.as_millis().max(1) as u64);
+    }
+    let () = set.query_async(&mut connection).await.expect("SET");
+    value
+}
+
+/// Waits (5 s at most) until some client of `servers` subscribes to `channel`, as counted by
+/// `PUBSUB {count}` (`NUMSUB`, or `SHARDNUMSUB` for a sharded channel).
+async fn subscribed(servers: &[&RedisServer], count: &str, channel: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut listeners = 0;
+        for server in servers {
+            let mut connection = server.connection().await;
+            let (_, heard): (String, u64) = redis::cmd("PUBSUB")
+                .arg(count)
+                .arg(channel)
+                .query_async(&mut connection)
+                .await
+                .expect("PUBSUB");
+            listeners += heard;
+        }
+        if listeners > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no waiter subscribed to `{channel}` within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

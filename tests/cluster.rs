@@ -1,0 +1,122 @@
+//! What is particular to Redis Cluster: a script cache emptied on one node, keys whose braces
+//! cannot keep the lock's own names in its slot, and renewals spread over the masters.
+
+use std::time::Duration;
+
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
+use testkit::RedisCluster;
+
+async fn client(cluster: &RedisCluster) -> LockClient {
+    LockClient::cluster_builder(cluster.seed_urls())
+        .scan_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap()
+}
+
+fn script_loads(node: &testkit::RedisServer) -> u64 {
+    let info: String = redis::from_redis_value(node.command(&["INFO", "commandstats"])).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_script|load:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A node that forgot the scripts (`SCRIPT FLUSH`, or a replica promoted with an empty cache)
+/// answers `NOSCRIPT`: the scripts are loaded on that node alone and renewals go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_on_one_node_is_handled_on_that_node_alone() {
+    let cluster = RedisCluster::start(3, 0);
+    let locks = client(&cluster).await;
+    let key = "flushed:1";
+    let flushed = cluster.master_of(key);
+    let others: Vec<_> = cluster
+        .masters()
+        .into_iter()
+        .filter(|master| master.port() != flushed.port())
+        .collect();
+    let loads_before: Vec<u64> = others.iter().map(|node| script_loads(node)).collect();
+    assert_eq!(flushed.command(&["SCRIPT", "FLUSH"]), redis::Value::Okay);
+    let renewals = locks
+        .run_locked(
+            key,
+            LockOptions::new()
+                .ttl(Duration::from_millis(600))
+                .unlimited_renewals(),
+            async {
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                LockContext::current().unwrap().renewals()
+            },
+        )
+        .await
+        .expect("renewals survive the flushed cache");
+    assert!(renewals >= 2, "{renewals}");
+    assert!(
+        script_loads(flushed) > 0,
+        "the flushed node loaded the scripts again"
+    );
+    let loads_after: Vec<u64> = others.iter().map(|node| script_loads(node)).collect();
+    assert_eq!(loads_before, loads_after, "other nodes were left alone");
+}
+
+/// A key whose braces would put its fencing counter or release channel in another slot is
+/// refused before any I/O would take it, with a reason, never a CROSSSLOT error; keys with one
+/// tag or none work, fencing and waiting included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_placed_in_their_slot_or_refused() {
+    let cluster = RedisCluster::start(3, 0);
+    let locks = client(&cluster).await;
+    let full = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .fencing(true)
+        .wait(Duration::from_millis(200));
+    for key in ["orders:42", "{user:7}:cart", "x{y}z", "ünïcode:☃", "{a}"] {
+        let fence = locks
+            .run_locked(key, full, async {
+                LockContext::current().unwrap().fencing_token()
+            })
+            .await
+            .unwrap_or_else(|err| panic!("{key}: {err}"));
+        assert!(fence.is_some(), "{key}");
+    }
+    for key in ["a{}b{c}", "{}{x}", "a}b"] {
+        let outcome = locks.run_locked(key, full, async {}).await;
+        match outcome {
+            Err(LockError::InvalidKey { reason, .. }) => {
+                assert!(reason.contains("slot"), "{reason}")
+            }
+            other => panic!("{key}: expected InvalidKey, got {other:?}"),
+        }
+    }
+}
+
+/// A thousand leases over three masters are renewed in each tick: every master runs the renewal
+/// script for its own keys, and no lease lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_leases_over_three_masters_are_renewed_together() {
+    let cluster = RedisCluster::start(3, 0);
+    let locks = client(&cluster).await;
+    let options = LockOptions::new()
+        .ttl(Duration::from_millis(900))
+        .unlimited_renewals();
+    let mut holders = tokio::task::JoinSet::new();
+    for n in 0..1_000 {
+        let locks = locks.clone();
+        holders.spawn(async move {
+            locks
+                .run_locked(format!("spread:{n}"), options, async {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    LockContext::current().unwrap().renewals()
+                })
+                .await
+        });
+    }
+    let mut fewest = u32::MAX;
+    while let Some(outcome) = holders.join_next().await {
+        fewest = fewest.min(outcome.unwrap().expect("no lease lapses"));
+    }
+    assert!(
+        fewest >= 2,
+        "every lease renewed at least twice, fewest {fewest}"
+    );
+}

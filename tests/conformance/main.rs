@@ -1,0 +1,80 @@
+//! The conformance suite: the behaviours every deployment promises, written once (`suite.rs`)
+//! and run against each deployment from the same code.
+
+mod suite;
+
+/// One test per behaviour of `suite.rs`, against the deployment `$start` builds, each under
+/// `#[tokio::test($runtime)]`.
+macro_rules! conformance {
+    ($deployment:ident, $start:expr, $($runtime:tt)*) => {
+        mod $deployment {
+            use super::suite;
+
+            conformance!(@tests $start, ($($runtime)*);
+                busy_key_fails_fast_and_the_work_never_runs,
+                the_key_holds_a_fresh_random_token_with_the_ttl,
+                released_before_returning_after_ok_and_err,
+                released_after_a_panic,
+                released_when_the_caller_drops_the_future,
+                released_when_a_timeout_cancels_the_call,
+                renewals_keep_a_short_lease_alive,
+                renewals_exhausted_after_exactly_max_renewals,
+                zero_renewals_means_at_most_one_ttl,
+                lost_when_the_key_is_replaced_and_the_new_owner_keeps_it,
+                a_lapsed_holder_never_deletes_the_next_owners_key,
+                a_waiter_gives_up_as_busy_when_its_wait_runs_out,
+                a_waiter_is_woken_by_the_release,
+                a_nested_call_reenters_and_only_the_outer_releases,
+                a_spawned_task_is_another_owner,
+                fencing_tokens_strictly_increase,
+                invalid_keys_fail_before_any_io,
+                readers_share_and_exclude_writers,
+                each_reader_is_renewed_and_released_on_its_own,
+                a_dead_reader_blocks_a_writer_at_most_its_ttl,
+                permits_admit_at_most_their_number,
+                a_waiting_writer_is_not_starved_by_readers,
+                a_writers_release_wakes_every_waiting_reader,
+                fair_waiters_are_served_in_arrival_order,
+                nested_kinds_reenter_or_are_refused,
+                shutdown_cancels_work_releases_leases_and_refuses_later_calls,
+            );
+        }
+    };
+    (@tests $start:expr, $runtime:tt; $($behaviour:ident),* $(,)?) => {
+        $(
+            #[tokio::test $runtime]
+            async fn $behaviour() {
+                let deployment = $start;
+                suite::$behaviour(&deployment).await;
+            }
+        )*
+    };
+}
+
+conformance!(
+    single,
+    testkit::SingleRedis::start(),
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+conformance!(
+    sentinel,
+    testkit::Sentinel::start(),
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+conformance!(
+    cluster,
+    testkit::Cluster::start(),
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+conformance!(
+    redlock,
+    testkit::Redlock::start(3),
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+// Under paused time: the in-memory deployment follows tokio's clock, so leases of seconds pass in
+// no time at all, and the suite's timings hold exactly.
+conformance!(memory, testkit::InMemory::start(), start_paused = true);

@@ -1,0 +1,780 @@
+//! What every deployment promises, each behaviour a function over any [`Deployment`].
+//!
+//! Times are read from tokio's clock, so the suite also runs under paused time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lockmacro_runtime::{LockContext, LockError, LockOptions};
+use testkit::Deployment;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+fn opts(ttl_ms: u64) -> LockOptions {
+    LockOptions::new().ttl(Duration::from_millis(ttl_ms))
+}
+
+/// Waits until `key` holds nothing, failing after `within`.
+async fn freed(deployment: &impl Deployment, key: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while deployment.holder(key).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "`{key}` still held after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub async fn busy_key_fails_fast_and_the_work_never_runs(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let held = locks.acquire("orders:7", opts(5_000)).await.unwrap();
+    let ran = AtomicBool::new(false);
+    let started = Instant::now();
+    let second = locks
+        .run_locked("orders:7", opts(5_000), async {
+            ran.store(true, Ordering::SeqCst)
+        })
+        .await;
+    assert!(
+        matches!(second, Err(LockError::Busy { ref key }) if key == "orders:7"),
+        "{second:?}"
+    );
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the work never runs without the lock"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "busy must not wait"
+    );
+    held.release().await.unwrap();
+}
+
+pub async fn the_key_holds_a_fresh_random_token_with_the_ttl(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let first = locks.acquire("Business1:1024", opts(3_000)).await.unwrap();
+    let stored = deployment.holder("Business1:1024").await;
+    assert_eq!(stored.as_deref(), Some(first.token()));
+    assert_eq!(first.token().len(), 32, "128-bit token as hex");
+    assert!(first.token().chars().all(|c| c.is_ascii_hexdigit()));
+    assert!(first.time_left() <= Duration::from_millis(3_000));
+    let first_token = first.token().to_owned();
+    first.release().await.unwrap();
+    let second = locks.acquire("Business1:1024", opts(3_000)).await.unwrap();
+    assert_ne!(
+        second.token(),
+        first_token,
+        "every acquisition gets a new token"
+    );
+    second.release().await.unwrap();
+}
+
+pub async fn released_before_returning_after_ok_and_err(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let ok = locks.run_locked("jobs:ok", opts(5_000), async { 1 }).await;
+    assert_eq!(ok.unwrap(), 1);
+    assert_eq!(
+        deployment.holder("jobs:ok").await,
+        None,
+        "released before returning"
+    );
+    let err = locks
+        .run_locked("jobs:err", opts(5_000), async { Err::<(), _>("failed") })
+        .await;
+    assert_eq!(err.unwrap(), Err("failed"));
+    assert_eq!(
+        deployment.holder("jobs:err").await,
+        None,
+        "released before returning"
+    );
+}
+
+pub async fn released_after_a_panic(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let (started, running) = oneshot::channel();
+    let task = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked("jobs:panic", opts(30_000), async move {
+                    started.send(()).unwrap();
+                    tokio::task::yield_now().await;
+                    panic!("work failed");
+                })
+                .await
+        }
+    });
+    running.await.unwrap();
+    assert!(task.await.unwrap_err().is_panic());
+    // Far sooner than the 30 s ttl: the guard's drop released it in the background.
+    freed(deployment, "jobs:panic", Duration::from_secs(3)).await;
+}
+
+pub async fn released_when_the_caller_drops_the_future(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let (started, running) = oneshot::channel();
+    let call = locks.run_locked("jobs:dropped", opts(30_000), async move {
+        started.send(()).unwrap();
+        std::future::pending::<()>().await
+    });
+    let mut call = Box::pin(call);
+    tokio::select! {
+        _ = &mut call => unreachable!("the work never ends"),
+        _ = running => {}
+    }
+    assert!(deployment.holder("jobs:dropped").await.is_some());
+    drop(call);
+    freed(deployment, "jobs:dropped", Duration::from_secs(3)).await;
+    assert_eq!(locks.held_leases(), 0, "deregistered from the watchdog");
+}
+
+pub async fn released_when_a_timeout_cancels_the_call(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let outcome = tokio::time::timeout(
+        Duration::from_millis(200),
+        locks.run_locked("jobs:timeout", opts(30_000), std::future::pending::<()>()),
+    )
+    .await;
+    assert!(outcome.is_err());
+    freed(deployment, "jobs:timeout", Duration::from_secs(3)).await;
+}
+
+pub async fn renewals_keep_a_short_lease_alive(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let renewals = locks
+        .run_locked("reports:long", opts(600).unlimited_renewals(), async {
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            LockContext::current().unwrap().renewals()
+        })
+        .await
+        .unwrap();
+    assert!(
+        renewals >= 4,
+        "2.5 s on a 600 ms lease needs at least 4 renewals, got {renewals}"
+    );
+}
+
+pub async fn renewals_exhausted_after_exactly_max_renewals(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let finished = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let outcome = locks
+        .run_locked("reports:exhausted", opts(600).max_renewals(2), {
+            let finished = finished.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                finished.store(true, Ordering::SeqCst);
+            }
+        })
+        .await;
+    let elapsed = started.elapsed();
+    match outcome {
+        Err(LockError::RenewalsExhausted { key, renewals }) => {
+            assert_eq!(key, "reports:exhausted");
+            assert_eq!(renewals, 2);
+        }
+        other => panic!("expected RenewalsExhausted, got {other:?}"),
+    }
+    // Two extensions, each sent a third through at the earliest: the last lease ends no sooner
+    // than 2 × 200 ms + 600 ms − drift.
+    assert!(elapsed >= Duration::from_millis(980), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the work was dropped, not finished"
+    );
+    assert_eq!(
+        deployment.holder("reports:exhausted").await,
+        None,
+        "released before returning"
+    );
+}
+
+pub async fn zero_renewals_means_at_most_one_ttl(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let started = Instant::now();
+    let outcome = locks
+        .run_locked(
+            "reports:once",
+            opts(500).max_renewals(0),
+            std::future::pending::<()>(),
+        )
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::RenewalsExhausted { renewals: 0, .. })
+        ),
+        "{outcome:?}"
+    );
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(480), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(1_500), "{elapsed:?}");
+}
+
+pub async fn lost_when_the_key_is_replaced_and_the_new_owner_keeps_it(
+    deployment: &impl Deployment,
+) {
+    let locks = deployment.client().await;
+    let (started, running) = oneshot::channel();
+    let holder = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked("pay:2", opts(900).unlimited_renewals(), async move {
+                    started.send(()).unwrap();
+                    std::future::pending::<()>().await
+                })
+                .await
+        }
+    });
+    running.await.unwrap();
+    let other_owner = deployment.impose("pay:2", None).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(3), holder)
+        .await
+        .expect("the holder hears of the loss at its next renewal")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Lost { ref key }) if key == "pay:2"),
+        "{outcome:?}"
+    );
+    assert_eq!(deployment.holder("pay:2").await, Some(other_owner));
+}
+
+pub async fn a_lapsed_holder_never_deletes_the_next_owners_key(deployment: &impl Deployment) {
+    // The seed's case 2: A's lease lapses, B takes the lock, then A finishes and releases.
+    let locks = deployment.client().await;
+    let a = locks
+        .acquire("stock:9", opts(300).max_renewals(0))
+        .await
+        .unwrap();
+    freed(deployment, "stock:9", Duration::from_secs(3)).await;
+    let b = locks.acquire("stock:9", opts(30_000)).await.unwrap();
+    a.release().await.unwrap();
+    assert_eq!(
+        deployment.holder("stock:9").await.as_deref(),
+        Some(b.token())
+    );
+
+    // The same through a dropped guard, whose release runs in the background.
+    let a_again = locks
+        .acquire("stock:10", opts(300).max_renewals(0))
+        .await
+        .unwrap();
+    freed(deployment, "stock:10", Duration::from_secs(3)).await;
+    let b_again = locks.acquire("stock:10", opts(30_000)).await.unwrap();
+    drop(a_again);
+    let probe = locks.acquire("stock:probe", opts(30_000)).await.unwrap();
+    drop(probe);
+    // The probe's background release was sent after A's: once it is done, so is A's.
+    freed(deployment, "stock:probe", Duration::from_secs(3)).await;
+    assert_eq!(
+        deployment.holder("stock:10").await.as_deref(),
+        Some(b_again.token())
+    );
+    b.release().await.unwrap();
+    b_again.release().await.unwrap();
+}
+
+pub async fn a_waiter_gives_up_as_busy_when_its_wait_runs_out(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let _held = locks.acquire("queue:1", opts(30_000)).await.unwrap();
+    let started = Instant::now();
+    let outcome = locks
+        .run_locked(
+            "queue:1",
+            opts(30_000).wait(Duration::from_millis(400)),
+            async {},
+        )
+        .await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(outcome, Err(LockError::Busy { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(400),
+        "gave up early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(1_500),
+        "gave up late: {waited:?}"
+    );
+}
+
+pub async fn a_waiter_is_woken_by_the_release(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let holder = locks.acquire("queue:2", opts(30_000)).await.unwrap();
+    let (running_tx, running) = oneshot::channel();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked(
+                    "queue:2",
+                    opts(30_000).wait(Duration::from_secs(20)),
+                    async move {
+                        running_tx.send(Instant::now()).unwrap();
+                    },
+                )
+                .await
+        }
+    });
+    deployment.waiter_subscribed("queue:2").await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let running_at = running.await.unwrap();
+    waiter.await.unwrap().unwrap();
+    // The holder's lease had 30 s left: only the release announcement wakes the waiter this soon.
+    let handoff = running_at - released_at;
+    assert!(handoff < Duration::from_secs(2), "handoff took {handoff:?}");
+}
+
+pub async fn a_nested_call_reenters_and_only_the_outer_releases(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    locks
+        .run_locked("account:1", opts(5_000), async {
+            let token = LockContext::current().unwrap().token().to_owned();
+            let inner = locks
+                .run_locked("account:1", opts(5_000), async {
+                    LockContext::current().unwrap().token().to_owned()
+                })
+                .await
+                .expect("re-enters instead of failing as busy");
+            assert_eq!(inner, token, "the inner call runs under the outer lease");
+            assert_eq!(
+                deployment.holder("account:1").await,
+                Some(token),
+                "the inner call does not release"
+            );
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        deployment.holder("account:1").await,
+        None,
+        "the outer call releases"
+    );
+}
+
+pub async fn a_spawned_task_is_another_owner(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    locks
+        .run_locked("account:2", opts(5_000), async {
+            let other = tokio::spawn({
+                let locks = locks.clone();
+                async move { locks.run_locked("account:2", opts(5_000), async {}).await }
+            });
+            let outcome = other.await.unwrap();
+            assert!(
+                matches!(outcome, Err(LockError::Busy { .. })),
+                "{outcome:?}"
+            );
+        })
+        .await
+        .unwrap();
+}
+
+pub async fn fencing_tokens_strictly_increase(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let options = opts(5_000).fencing(true).wait(Duration::from_secs(30));
+    if !deployment.offers_fencing() {
+        // Refused with a reason, before anything is taken.
+        let refused = locks.run_locked("fenced:1", options, async {}).await;
+        match refused {
+            Err(LockError::InvalidOptions { message }) => {
+                assert!(message.contains("fencing"), "{message}")
+            }
+            other => panic!("fencing should be refused here, got {other:?}"),
+        }
+        assert_eq!(deployment.holder("fenced:1").await, None);
+        return;
+    }
+    let last = Arc::new(std::sync::Mutex::new(0u64));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (locks, last) = (locks.clone(), last.clone());
+        tasks.spawn(async move {
+            for _ in 0..25 {
+                locks
+                    .run_locked("fenced:1", options, async {
+                        let fence = LockContext::current().unwrap().fencing_token().unwrap();
+                        let mut last = last.lock().unwrap();
+                        assert!(fence > *last, "fencing token {fence} after {}", *last);
+                        *last = fence;
+                    })
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+}
+
+pub async fn invalid_keys_fail_before_any_io(deployment: &impl Deployment) {
+    // A client that was never connected: any I/O would be slow or a Redis error, not InvalidKey.
+    let locks = deployment.unconnected_client();
+    for key in [
+        String::new(),
+        "k".repeat(lockmacro_runtime::MAX_KEY_LEN + 1),
+    ] {
+        let outcome = locks.run_locked(key, LockOptions::new(), async {}).await;
+        assert!(
+            matches!(outcome, Err(LockError::InvalidKey { .. })),
+            "{outcome:?}"
+        );
+    }
+}
+
+// ---- Lock kinds: read/write, permits, fair ------------------------------------------------------
+
+/// Readers of a key hold it together; a writer is refused while they do, and readers while a
+/// writer does.
+pub async fn readers_share_and_exclude_writers(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let read = opts(5_000).read();
+    let first = locks.acquire("shelf:1", read).await.unwrap();
+    let second = locks.acquire("shelf:1", read).await.expect("readers share");
+    let writer = locks
+        .run_locked("shelf:1", opts(5_000).write(), async {})
+        .await;
+    assert!(matches!(writer, Err(LockError::Busy { .. })), "{writer:?}");
+    let exclusive = locks.run_locked("shelf:1", opts(5_000), async {}).await;
+    assert!(
+        matches!(exclusive, Err(LockError::Busy { .. })),
+        "{exclusive:?}"
+    );
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    assert_eq!(
+        deployment.holder("shelf:1").await,
+        None,
+        "the last reader out removes the key"
+    );
+    let writer = locks.acquire("shelf:1", opts(5_000).write()).await.unwrap();
+    let reader = locks.run_locked("shelf:1", read, async {}).await;
+    assert!(matches!(reader, Err(LockError::Busy { .. })), "{reader:?}");
+    writer.release().await.unwrap();
+}
+
+/// Each reader's lease is its own: renewed by the watchdog while its work runs, and released on
+/// its own, leaving the others held.
+pub async fn each_reader_is_renewed_and_released_on_its_own(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let read = opts(600).read().unlimited_renewals();
+    let short = locks.acquire("shelf:2", read).await.unwrap();
+    let long = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked("shelf:2", read, async {
+                    tokio::time::sleep(Duration::from_millis(2_000)).await;
+                    LockContext::current().unwrap().renewals()
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    short.release().await.unwrap();
+    let renewals = long
+        .await
+        .unwrap()
+        .expect("the other reader kept its lease");
+    assert!(renewals >= 3, "renewed on its own: {renewals}");
+    assert_eq!(deployment.holder("shelf:2").await, None);
+}
+
+/// A reader that died (its lease neither renewed nor released) keeps a writer out at most its
+/// ttl, even while another reader's renewals keep the key alive.
+pub async fn a_dead_reader_blocks_a_writer_at_most_its_ttl(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let dead = locks
+        .acquire("shelf:3", opts(500).read().max_renewals(0))
+        .await
+        .unwrap();
+    // Neither renewed (no renewals left) nor released: as if its process died.
+    std::mem::forget(dead);
+    let live = locks
+        .acquire("shelf:3", opts(600).read().unlimited_renewals())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let writer = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked(
+                    "shelf:3",
+                    opts(5_000).write().wait(Duration::from_secs(10)),
+                    async { Instant::now() },
+                )
+                .await
+        }
+    });
+    // The live reader renews for a while (each renewal drops lapsed readers), then leaves.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    live.release().await.unwrap();
+    let taken_at = writer.await.unwrap().expect("the writer gets in");
+    let waited = taken_at - started;
+    // Not before the live reader left; soon after, not at some dead reader's extended lease.
+    assert!(waited >= Duration::from_millis(1_400), "{waited:?}");
+    assert!(waited < Duration::from_millis(3_500), "{waited:?}");
+}
+
+/// At most `permits` holders at once; a freed permit lets the next one in.
+pub async fn permits_admit_at_most_their_number(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let permit = opts(5_000).permits(3);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            locks
+                .acquire("pool:1", permit)
+                .await
+                .expect("a permit is free"),
+        );
+    }
+    let fourth = locks.run_locked("pool:1", permit, async {}).await;
+    assert!(matches!(fourth, Err(LockError::Busy { .. })), "{fourth:?}");
+    let exclusive = locks.run_locked("pool:1", opts(5_000), async {}).await;
+    assert!(
+        matches!(exclusive, Err(LockError::Busy { .. })),
+        "{exclusive:?}"
+    );
+    held.pop().unwrap().release().await.unwrap();
+    locks
+        .run_locked("pool:1", permit, async {})
+        .await
+        .expect("the freed permit is taken");
+    for lease in held {
+        lease.release().await.unwrap();
+    }
+    let zero = locks
+        .run_locked("pool:2", opts(5_000).permits(0), async {})
+        .await;
+    assert!(
+        matches!(zero, Err(LockError::InvalidOptions { .. })),
+        "{zero:?}"
+    );
+}
+
+/// A stream of overlapping readers does not starve a waiting writer: once it waits, new readers
+/// stay out until it has had its turn.
+pub async fn a_waiting_writer_is_not_starved_by_readers(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let stop = Instant::now() + Duration::from_millis(2_500);
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let locks = locks.clone();
+        readers.spawn(async move {
+            while Instant::now() < stop {
+                let read = opts(5_000).read().wait(Duration::from_secs(5));
+                let _ = locks
+                    .run_locked(
+                        "busy-shelf",
+                        read,
+                        tokio::time::sleep(Duration::from_millis(60)),
+                    )
+                    .await;
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let write = opts(5_000).write().wait(Duration::from_secs(5));
+    let got_in = locks
+        .run_locked("busy-shelf", write, async { started.elapsed() })
+        .await
+        .expect("the writer gets its turn");
+    assert!(
+        got_in < Duration::from_millis(1_500),
+        "the writer waited {got_in:?}"
+    );
+    while let Some(reader) = readers.join_next().await {
+        reader.unwrap();
+    }
+}
+
+/// A writer's release wakes every waiting reader, and they then hold the key together.
+pub async fn a_writers_release_wakes_every_waiting_reader(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let writer = locks
+        .acquire("shelf:4", opts(30_000).write())
+        .await
+        .unwrap();
+    let (inside, mut entered) = tokio::sync::mpsc::unbounded_channel();
+    let (release, released) = tokio::sync::watch::channel(false);
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        let (locks, inside, mut released) = (locks.clone(), inside.clone(), released.clone());
+        readers.spawn(async move {
+            let read = opts(30_000).read().wait(Duration::from_secs(20));
+            locks
+                .run_locked("shelf:4", read, async move {
+                    inside.send(()).unwrap();
+                    released.wait_for(|done| *done).await.unwrap();
+                })
+                .await
+        });
+    }
+    drop(released);
+    deployment.waiter_subscribed("shelf:4").await;
+    let released_at = Instant::now();
+    writer.release().await.unwrap();
+    for _ in 0..5 {
+        tokio::time::timeout(Duration::from_secs(3), entered.recv())
+            .await
+            .expect("every reader is woken by the writer's release")
+            .unwrap();
+    }
+    assert!(released_at.elapsed() < Duration::from_secs(3));
+    // All five are inside at once.
+    release.send_replace(true);
+    while let Some(reader) = readers.join_next().await {
+        reader.unwrap().unwrap();
+    }
+}
+
+/// With `fair`, waiters get the lock in the order they came, and a holder that comes straight
+/// back does not barge past them.
+pub async fn fair_waiters_are_served_in_arrival_order(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let fair = opts(5_000).fair(true);
+    let holder = locks.acquire("line:1", fair).await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = tokio::task::JoinSet::new();
+    for n in 0..4 {
+        let (locks, served) = (locks.clone(), served.clone());
+        waiters.spawn(async move {
+            locks
+                .run_locked("line:1", fair.wait(Duration::from_secs(20)), async move {
+                    served.send(n).unwrap();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                })
+                .await
+        });
+        // Each waiter is in the queue before the next arrives.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    holder.release().await.unwrap();
+    let barging = locks.run_locked("line:1", fair, async {}).await;
+    assert!(
+        matches!(barging, Err(LockError::Busy { .. })),
+        "barged: {barging:?}"
+    );
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let next = tokio::time::timeout(Duration::from_secs(10), order.recv())
+            .await
+            .expect("every waiter is served")
+            .unwrap();
+        seen.push(next);
+    }
+    assert_eq!(seen, [0, 1, 2, 3], "served in arrival order");
+    while let Some(waiter) = waiters.join_next().await {
+        waiter.unwrap().unwrap();
+    }
+}
+
+/// Nested calls on a held key: a writer may read (re-enters), a reader may read again, but a
+/// reader asking to write its own key is refused at once (it would wait for itself).
+pub async fn nested_kinds_reenter_or_are_refused(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    locks
+        .run_locked("ledger:1", opts(5_000).write(), async {
+            locks
+                .run_locked("ledger:1", opts(5_000).read(), async {})
+                .await
+                .expect("a writer reads");
+        })
+        .await
+        .unwrap();
+    locks
+        .run_locked("ledger:1", opts(5_000).read(), async {
+            locks
+                .run_locked("ledger:1", opts(5_000).read(), async {})
+                .await
+                .expect("a reader reads again");
+            let upgrade = locks
+                .run_locked("ledger:1", opts(5_000).write(), async {})
+                .await;
+            assert!(
+                matches!(upgrade, Err(LockError::InvalidOptions { .. })),
+                "{upgrade:?}"
+            );
+        })
+        .await
+        .unwrap();
+    assert_eq!(deployment.holder("ledger:1").await, None);
+}
+
+// ---- Shutdown ---------------------------------------------------------------------------------
+
+/// `shutdown` cancels held work (it gets `ShutDown`) and waiting callers, releases every lease
+/// before it returns, and refuses later calls on the client and its clones; a second shutdown
+/// does nothing.
+pub async fn shutdown_cancels_work_releases_leases_and_refuses_later_calls(
+    deployment: &impl Deployment,
+) {
+    let locks = deployment.client().await;
+    let (started, running) = oneshot::channel();
+    let held = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked("closing:1", opts(30_000), async move {
+                    started.send(()).unwrap();
+                    std::future::pending::<()>().await
+                })
+                .await
+        }
+    });
+    running.await.unwrap();
+    let lease = locks.acquire("closing:2", opts(30_000)).await.unwrap();
+    let waiting = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked(
+                    "closing:2",
+                    opts(30_000).wait(Duration::from_secs(60)),
+                    async {},
+                )
+                .await
+        }
+    });
+    deployment.waiter_subscribed("closing:2").await;
+    locks.shutdown().await.expect("every release confirmed");
+    // Released before `shutdown` returned.
+    assert_eq!(deployment.holder("closing:1").await, None);
+    assert_eq!(deployment.holder("closing:2").await, None);
+    let outcome = held.await.unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::ShutDown { .. })),
+        "{outcome:?}"
+    );
+    let outcome = waiting.await.unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::ShutDown { .. })),
+        "{outcome:?}"
+    );
+    lease
+        .release()
+        .await
+        .expect("already released by the shutdown");
+    let clone = locks.clone();
+    let later = clone.run_locked("closing:3", opts(30_000), async {}).await;
+    assert!(
+        matches!(later, Err(LockError::ShutDown { .. })),
+        "{later:?}"
+    );
+    assert!(later.unwrap_err().to_string().contains("shut down"));
+    locks
+        .shutdown()
+        .await
+        .expect("a second shutdown does nothing");
+}

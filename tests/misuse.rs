@@ -1,0 +1,94 @@
+//! Reachable input that used to panic: waiting forever, and a tokio runtime built without timers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{fast_client, opts};
+use lockmacro_runtime::{LockClient, LockError};
+use testkit::RedisServer;
+
+/// `wait(Duration::MAX)`, the usual "wait forever", waits: no overflow adding it to now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_forever_waits_for_the_release() {
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    let holder = locks.acquire("forever:1", opts(30_000)).await.unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked("forever:1", opts(5_000).wait(Duration::MAX), async { 7 })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.release().await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter takes the lock once it is released")
+        .expect("no panic");
+    assert_eq!(outcome.unwrap(), 7);
+}
+
+/// A runtime built without the time driver gets a `Config` error that says how to fix it,
+/// never a panic from deep inside tokio.
+#[test]
+fn a_runtime_without_timers_gets_an_error_not_a_panic() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let outcome = std::thread::spawn(move || {
+        runtime.block_on(async {
+            let locks = LockClient::builder(&url).build_lazy().unwrap();
+            locks.run_locked("no-timers:1", opts(5_000), async {}).await
+        })
+    })
+    .join()
+    .expect("no panic");
+    match outcome {
+        Err(LockError::Config { message }) => {
+            assert!(message.contains("enable_time"), "{message}");
+        }
+        other => panic!("expected a Config error, got {other:?}"),
+    }
+}
+
+/// A `ttl` given as an expression that turns out zero when called is refused with
+/// `InvalidOptions` before any I/O (nothing listens on port 1) and the body never runs.
+#[tokio::test]
+async fn a_zero_ttl_given_at_run_time_is_refused_before_any_io() {
+    struct Service {
+        locks: LockClient,
+        ttl: Duration,
+    }
+    impl Service {
+        #[lockmacro_runtime::redis_lock(prefix = "zero", key = id, client = self.locks, ttl = self.ttl)]
+        async fn work(
+            &self,
+            id: u32,
+            ran: &std::sync::atomic::AtomicBool,
+        ) -> Result<u32, LockError> {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(id)
+        }
+    }
+    let service = Service {
+        locks: LockClient::builder("redis://127.0.0.1:1")
+            .build_lazy()
+            .unwrap(),
+        ttl: Duration::ZERO,
+    };
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    match service.work(7, &ran).await {
+        Err(LockError::InvalidOptions { message }) => assert!(message.contains("ttl"), "{message}"),
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the body never ran"
+    );
+}

@@ -1,0 +1,237 @@
+//! Redlock over five independent masters, under real faults: frozen masters (SIGSTOP), a master
+//! restarted without persistence, foreign values on every subset of masters, three processes on
+//! one counter.
+//!
+//! Figures worth reporting are printed with `eprintln!`, which nextest shows for failing tests
+//! and `--no-capture` always.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
+use testkit::{Deployment, RedisServer, Redlock};
+use tokio::time::Instant;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_lock_worker");
+
+async fn client(quorum: &Redlock) -> LockClient {
+    LockClient::redlock_builder(quorum.urls())
+        .scan_interval(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap()
+}
+
+fn opts(ttl_ms: u64) -> LockOptions {
+    LockOptions::new().ttl(Duration::from_millis(ttl_ms))
+}
+
+fn value(server: &RedisServer, key: &str) -> Option<String> {
+    redis::from_redis_value(server.command(&["GET", key])).unwrap()
+}
+
+/// One or two frozen masters of five cost nothing: locks are taken, renewed and released on the
+/// other three or four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_or_two_frozen_masters_cost_nothing() {
+    let quorum = Redlock::start(5);
+    let locks = client(&quorum).await;
+    for frozen in [1, 2] {
+        for server in &quorum.servers[..frozen] {
+            server.pause();
+        }
+        let renewals = locks
+            .run_locked(
+                format!("frozen:{frozen}"),
+                opts(600).unlimited_renewals(),
+                async {
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    LockContext::current().unwrap().renewals()
+                },
+            )
+            .await
+            .unwrap_or_else(|err| panic!("{frozen} frozen: {err}"));
+        assert!(renewals >= 3, "{frozen} frozen: {renewals} renewals");
+        for server in &quorum.servers[frozen..] {
+            assert_eq!(value(server, &format!("frozen:{frozen}")), None, "released");
+        }
+        for server in &quorum.servers[..frozen] {
+            server.resume();
+        }
+    }
+}
+
+/// Three frozen masters of five leave no majority: the call fails with `NoQuorum` within its
+/// bounds (never `Busy`, never taken), and nothing is left on the two that answered, then or
+/// after the others thaw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_frozen_masters_are_no_quorum_and_leave_nothing_behind() {
+    let quorum = Redlock::start(5);
+    let locks = client(&quorum).await;
+    for server in &quorum.servers[..3] {
+        server.pause();
+    }
+    let started = Instant::now();
+    let outcome = locks.run_locked("minority:1", opts(2_000), async {}).await;
+    let took = started.elapsed();
+    match outcome {
+        Err(LockError::NoQuorum {
+            ref key,
+            answered,
+            needed,
+        }) => {
+            assert_eq!(key, "minority:1");
+            assert_eq!(needed, 3);
+            assert!(answered <= 2, "{answered}");
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    eprintln!("3 of 5 masters frozen: NoQuorum after {took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    for server in &quorum.servers[3..] {
+        assert_eq!(
+            value(server, "minority:1"),
+            None,
+            "undone on the masters that took it"
+        );
+    }
+    for server in &quorum.servers[..3] {
+        server.resume();
+    }
+    // The frozen masters ran the SET late, if at all: the undo reaches them too.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while quorum
+        .servers
+        .iter()
+        .any(|server| value(server, "minority:1").is_some())
+    {
+        assert!(Instant::now() < deadline, "a late SET was never undone");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A master restarted without persistence mid-hold forgets the lease; the other four still
+/// agree, so the lease lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_mid_hold_costs_the_lease_nothing() {
+    let mut quorum = Redlock::start(5);
+    let locks = client(&quorum).await;
+    let lease = locks
+        .acquire("restarted:1", opts(800).unlimited_renewals())
+        .await
+        .unwrap();
+    quorum.servers[0].restart();
+    let outcome = lease
+        .run(tokio::time::sleep(Duration::from_millis(2_000)))
+        .await;
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(
+        quorum.holder("restarted:1").await.as_deref(),
+        Some(lease.token())
+    );
+    lease.release().await.unwrap();
+}
+
+/// A foreign value set beforehand on every one of the 32 subsets of five masters: the lock is
+/// taken exactly when a majority is free (as redsync's subset test), `Busy` otherwise, and
+/// nothing of ours is left behind either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_on_every_subset_of_masters() {
+    let quorum = Redlock::start(5);
+    let locks = client(&quorum).await;
+    for subset in 0u32..32 {
+        let key = format!("subset:{subset}");
+        let held = (0..5).filter(|i| subset & (1 << i) != 0).count();
+        for (i, server) in quorum.servers.iter().enumerate() {
+            if subset & (1 << i) != 0 {
+                server.command(&["SET", &key, "foreign", "PX", "30000"]);
+            }
+        }
+        let outcome = locks.acquire(key.as_str(), opts(5_000)).await;
+        if held <= 2 {
+            let lease =
+                outcome.unwrap_or_else(|err| panic!("free on a majority ({held} held): {err}"));
+            lease.release().await.unwrap();
+        } else {
+            assert!(
+                matches!(outcome, Err(LockError::Busy { .. })),
+                "held on {held}: {outcome:?}"
+            );
+        }
+        for (i, server) in quorum.servers.iter().enumerate() {
+            let expected = (subset & (1 << i) != 0).then(|| "foreign".to_owned());
+            assert_eq!(
+                value(server, &key),
+                expected,
+                "subset {subset:05b}, master {i}"
+            );
+        }
+    }
+}
+
+/// An even number of masters, or fewer than three, is refused when the client is built.
+#[tokio::test]
+async fn an_even_number_or_fewer_than_three_masters_is_a_config_error() {
+    for n in [0, 1, 2, 4, 6] {
+        let urls: Vec<String> = (0..n)
+            .map(|i| format!("redis://127.0.0.1:{}", 1 + i))
+            .collect();
+        match LockClient::redlock_builder(&urls).build_lazy() {
+            Err(LockError::Config { message }) => {
+                assert!(message.contains("odd number"), "{n}: {message}");
+            }
+            other => panic!("{n} masters: expected Config, got {other:?}"),
+        }
+    }
+}
+
+/// Three processes of sixteen tasks each increment one counter non-atomically under a Redlock
+/// over three masters: the count is exact and no two critical sections overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_one_counter_never_overlap() {
+    let quorum = Redlock::start(3);
+    let url = format!("redlock:{}", quorum.urls().join(","));
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(WORKER)
+                .args(["count", &url, "jepsen", "16", "10"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut intervals = Vec::new();
+    for worker in workers {
+        let output = worker.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "worker failed: {:?}",
+            output.status
+        );
+        for line in String::from_utf8(output.stdout).unwrap().lines() {
+            let mut fields = line
+                .split_whitespace()
+                .skip(1)
+                .map(|n| n.parse::<u128>().unwrap());
+            intervals.push((fields.next().unwrap(), fields.next().unwrap()));
+        }
+    }
+    assert_eq!(intervals.len(), 480);
+    assert_eq!(
+        value(&quorum.servers[0], "jepsen:counter").as_deref(),
+        Some("480"),
+        "lost updates mean two holders at once"
+    );
+    intervals.sort();
+    let longest_overlap = intervals
+        .windows(2)
+        .map(|pair| pair[0].1.saturating_sub(pair[1].0))
+        .max()
+        .unwrap();
+    assert_eq!(
+        longest_overlap, 0,
+        "critical sections overlapped by {longest_overlap} ns"
+    );
+}

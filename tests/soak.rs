@@ -1,0 +1,81 @@
+//! Load, once: 10 000 leases held together for 20 s.
+//!
+//! Figures worth reporting are printed with `eprintln!`, which nextest shows for failing tests
+//! and `--no-capture` always.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{assert_clean, connected_clients, eventually, opts, rss_kib, scan_keys};
+use lockmacro_runtime::{LockClient, LockContext};
+use testkit::RedisServer;
+
+/// 10 000 leases of 3 s held together for 20 s with unlimited renewals (about twenty renewals
+/// each): none lapses, the client uses a handful of connections, and memory per lease is small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_leases_for_twenty_seconds_none_lapses() {
+    const LEASES: usize = 10_000;
+    const HOLD: Duration = Duration::from_secs(20);
+    let server = RedisServer::start();
+    let locks = LockClient::connect(&server.url()).await.unwrap();
+    // Warm up what every lease shares (the watchdog and its connection), so RSS counts leases.
+    locks
+        .run_locked("load:warmup", opts(300), async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        })
+        .await
+        .unwrap();
+    let baseline_clients = connected_clients(&server);
+    let rss_before = rss_kib();
+
+    let held = Arc::new(AtomicUsize::new(0));
+    let renewals = Arc::new(AtomicU32::new(0));
+    let release_at = tokio::time::Instant::now() + HOLD;
+    let options = opts(3_000).unlimited_renewals();
+    let mut holders = tokio::task::JoinSet::new();
+    for n in 0..LEASES {
+        let (locks, held, renewals) = (locks.clone(), held.clone(), renewals.clone());
+        holders.spawn(async move {
+            locks
+                .run_locked(format!("load:{n}"), options, async move {
+                    held.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep_until(release_at).await;
+                    let lock = LockContext::current().unwrap();
+                    renewals.fetch_add(lock.renewals(), Ordering::SeqCst);
+                })
+                .await
+        });
+    }
+    let all_held = eventually(Duration::from_secs(10), "10 000 leases held", || async {
+        held.load(Ordering::SeqCst) == LEASES
+    })
+    .await;
+    let rss_held = rss_kib();
+    assert_eq!(locks.held_leases(), LEASES);
+    assert_eq!(scan_keys(&server, "load:*").await.len(), LEASES);
+    let clients = connected_clients(&server);
+    assert!(
+        clients <= baseline_clients + 2,
+        "{clients} connections for 10 000 leases (baseline {baseline_clients})"
+    );
+
+    let mut lapses = 0;
+    while let Some(outcome) = holders.join_next().await {
+        if outcome.unwrap().is_err() {
+            lapses += 1;
+        }
+    }
+    let per_lease = (rss_held.saturating_sub(rss_before)) as f64 / LEASES as f64;
+    let mean_renewals = f64::from(renewals.load(Ordering::SeqCst)) / LEASES as f64;
+    eprintln!(
+        "10k leases: all held after {all_held:?}; {lapses} lapses; {mean_renewals:.1} renewals each; {clients} server connections (baseline {baseline_clients}); RSS {rss_before} -> {rss_held} KiB = {per_lease:.2} KiB per lease"
+    );
+    assert_eq!(lapses, 0, "leases lapsed under load");
+    // Surviving 20 s on 3 s leases takes at least six renewals each; about twenty is usual.
+    assert!(mean_renewals >= 6.0, "{mean_renewals}");
+    assert!(per_lease < 16.0, "{per_lease:.2} KiB per lease");
+    assert_clean(&server, &locks, "load:*").await;
+}
