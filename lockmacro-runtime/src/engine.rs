@@ -45,6 +45,13 @@ enum Attempt {
     Busy { remaining: Option<Duration> },
 }
 
+/// Whether an acquisition found the lock busy before it took it: its wait is zero otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    No,
+    Yes,
+}
+
 impl Engine {
     pub(crate) fn new(store: Arc<dyn Store>, background: Background, timing: Timing) -> Self {
         static IDS: AtomicU64 = AtomicU64::new(1);
@@ -168,18 +175,26 @@ impl Engine {
         };
         metrics::acquisition(&prefix, outcome);
         if options.wait.is_some() {
-            metrics::waited(&prefix, started.elapsed());
+            let waited = match &taken {
+                Ok((_, Waited::No)) => Duration::ZERO,
+                _ => started.elapsed(),
+            };
+            metrics::waited(&prefix, waited);
         }
-        taken
+        taken.map(|(lease, _)| lease)
     }
 
-    async fn take(&self, key: &str, options: &LockOptions) -> Result<Arc<LeaseState>, LockError> {
+    async fn take(
+        &self,
+        key: &str,
+        options: &LockOptions,
+    ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         let key = key.to_owned();
         rt::require(Driver::Time)?;
         check(options)?;
         self.shut(&key)?;
         self.background.ensure_running();
-        let lease = self.acquire_or_wait(&key, options).await?;
+        let (lease, waited) = self.acquire_or_wait(&key, options).await?;
         if self.closing.is_cancelled() {
             // Taken while the client shut down: give it back at once.
             if lease.claim_release() {
@@ -188,18 +203,18 @@ impl Engine {
             }
             return Err(LockError::ShutDown { key });
         }
-        Ok(lease)
+        Ok((lease, waited))
     }
 
     async fn acquire_or_wait(
         &self,
         key: &str,
         options: &LockOptions,
-    ) -> Result<Arc<LeaseState>, LockError> {
+    ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         let key = key.to_owned();
         let Some(wait) = options.wait else {
             return match self.try_acquire(&key, new_token(), options).await? {
-                Attempt::Taken(lease) => Ok(lease),
+                Attempt::Taken(lease) => Ok((lease, Waited::No)),
                 Attempt::Busy { .. } => Err(LockError::Busy { key }),
             };
         };
@@ -210,11 +225,13 @@ impl Engine {
         let token = new_token();
         let mut ticket = None;
         let mut polls = clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let mut waited = Waited::No;
         loop {
             let remaining = match self.try_acquire(&key, token.clone(), options).await? {
-                Attempt::Taken(lease) => return Ok(lease),
+                Attempt::Taken(lease) => return Ok((lease, waited)),
                 Attempt::Busy { remaining } => remaining,
             };
+            waited = Waited::Yes;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 tracing::debug!(key = %key, "lock still busy when the wait ran out");
