@@ -83,7 +83,14 @@ impl RedisCluster {
         }
         let first = &cluster.nodes[0];
         for node in &cluster.nodes[1..] {
-            expect_ok(first.command(&["CLUSTER", "MEET", "127.0.0.1", &node.port().to_string()]));
+            let bus_port = node.bus_port().expect("a cluster node has a bus port");
+            expect_ok(first.command(&[
+                "CLUSTER",
+                "MEET",
+                "127.0.0.1",
+                &node.port().to_string(),
+                &bus_port.to_string(),
+            ]));
         }
         cluster.wait_until("every node knows every other", |cluster| {
             cluster.nodes.iter().all(|node| {

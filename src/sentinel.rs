@@ -29,7 +29,14 @@ impl RedisSentinel {
     ///
     /// If a process does not start, or the sentinels do not settle within 30 s.
     pub fn start() -> Self {
-        let fast_sync = ["--repl-diskless-sync-delay", "0"];
+        // Replicas sync at once, and a restarted one takes the master's data rather than its own
+        // stale dump.
+        let fast_sync = [
+            "--repl-diskless-sync-delay",
+            "0",
+            "--repl-diskless-load",
+            "swapdb",
+        ];
         let master = RedisServer::start_with(&fast_sync);
         let master_port = master.port().to_string();
         let mut replica_args = vec!["--replicaof", "127.0.0.1", &master_port];
@@ -38,7 +45,7 @@ impl RedisSentinel {
         let config = format!(
             "sentinel resolve-hostnames no\n\
              sentinel monitor {SERVICE} 127.0.0.1 {} 2\n\
-             sentinel down-after-milliseconds {SERVICE} 1000\n\
+             sentinel down-after-milliseconds {SERVICE} 2000\n\
              sentinel failover-timeout {SERVICE} 3000\n\
              sentinel parallel-syncs {SERVICE} 1\n",
             master.port()

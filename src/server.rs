@@ -37,6 +37,9 @@ pub struct RedisServer {
     config: Option<String>,
     dir: PathBuf,
     child: Option<Child>,
+    /// A cluster node's bus port, picked free like `port` (the default, `port + 10000`, may be
+    /// taken or above 65535).
+    bus_port: Option<u16>,
 }
 
 /// Why one attempt to bring the server up failed.
@@ -85,9 +88,12 @@ impl RedisServer {
             config,
             dir: fresh_dir(),
             child: None,
+            bus_port: None,
         };
+        let clustered = extra_args.contains(&"--cluster-enabled");
         for _ in 0..START_ATTEMPTS {
             server.port = free_port();
+            server.bus_port = clustered.then(free_port);
             match server.spawn_and_wait(Instant::now() + READY_BUDGET) {
                 Ok(()) => return server,
                 Err(StartFailure::Exited) => continue,
@@ -95,6 +101,11 @@ impl RedisServer {
             }
         }
         server.fail(&format!("exited at start {START_ATTEMPTS} times"))
+    }
+
+    /// A cluster node's bus port (set for servers started with `--cluster-enabled`).
+    pub fn bus_port(&self) -> Option<u16> {
+        self.bus_port
     }
 
     /// The port the server listens on; it stays the same across [`restart`](Self::restart).
@@ -251,7 +262,9 @@ impl RedisServer {
                 self.child = None;
                 return Err(StartFailure::Exited);
             }
-            if answers_ping(addr) && matches!(child.try_wait(), Ok(None)) {
+            // The answer must come from our process: one that lost the race for the port lives
+            // on for a moment while whoever won answers there.
+            if answers_ping(addr) && process_id(addr) == Some(child.id()) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -274,6 +287,9 @@ impl RedisServer {
             fs::write(&path, config)
                 .unwrap_or_else(|err| panic!("cannot write {}: {err}", path.display()));
             command.arg(path);
+        }
+        if let Some(bus_port) = self.bus_port {
+            command.arg("--cluster-port").arg(bus_port.to_string());
         }
         command
             .arg("--port")
@@ -389,6 +405,32 @@ fn answers_ping(addr: SocketAddr) -> bool {
         Ok(&reply == b"+PONG")
     };
     attempt().unwrap_or(false)
+}
+
+/// The `process_id` the server at `addr` reports in `INFO server`.
+fn process_id(addr: SocketAddr) -> Option<u32> {
+    let attempt = || -> io::Result<Option<u32>> {
+        let budget = Duration::from_millis(500);
+        let mut stream = TcpStream::connect_timeout(&addr, budget)?;
+        stream.set_read_timeout(Some(budget))?;
+        stream.write_all(b"INFO server\r\n")?;
+        let mut reply = Vec::new();
+        let mut chunk = [0; 4096];
+        loop {
+            let read = stream.read(&mut chunk)?;
+            if read == 0 {
+                return Ok(None);
+            }
+            reply.extend_from_slice(&chunk[..read]);
+            let text = String::from_utf8_lossy(&reply);
+            if let Some(rest) = text.split("process_id:").nth(1)
+                && let Some((pid, _)) = rest.split_once("\r\n")
+            {
+                return Ok(pid.trim().parse().ok());
+            }
+        }
+    };
+    attempt().ok().flatten()
 }
 
 /// Spawns `command` so that the child is killed when the test process dies, even by `SIGKILL`
