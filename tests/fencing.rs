@@ -52,7 +52,10 @@ async fn fencing_counters_expire_and_tokens_keep_increasing_across_an_expired_on
         other => panic!("PTTL {counter}: {other:?}"),
     };
     let day_ms = 24 * 60 * 60 * 1000;
-    assert!(life > day_ms - 60_000 && life <= day_ms, "counter life {life} ms");
+    assert!(
+        life > day_ms - 60_000 && life <= day_ms,
+        "counter life {life} ms"
+    );
 
     // Let it expire now, as a day of disuse would.
     server.command(&["PEXPIRE", counter, "1"]);

@@ -42,6 +42,13 @@ async fn lock_context_describes_the_lease_inside_and_is_absent_outside() {
     let server = RedisServer::start();
     let locks = fast_client(&server).await;
     assert!(LockContext::current().is_none());
+    let kind = locks
+        .run_locked("account:4", opts(600).read(), async {
+            LockContext::current().unwrap().kind()
+        })
+        .await
+        .unwrap();
+    assert_eq!(kind, lockmacro_runtime::LockKind::Read);
     locks
         .run_locked("account:3", opts(600).max_renewals(5), async {
             let context = LockContext::current().unwrap();
@@ -51,6 +58,7 @@ async fn lock_context_describes_the_lease_inside_and_is_absent_outside() {
                 Some(context.token())
             );
             assert_eq!(context.fencing_token(), None, "fencing is off by default");
+            assert_eq!(context.kind(), lockmacro_runtime::LockKind::Exclusive);
             assert!(context.time_left() <= Duration::from_millis(600));
             assert_eq!(context.renewals(), 0);
             tokio::time::sleep(Duration::from_millis(450)).await;

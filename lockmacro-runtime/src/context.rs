@@ -67,6 +67,7 @@ impl std::fmt::Debug for LockContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockContext")
             .field("key", &self.key())
+            .field("kind", &self.kind())
             .field("fencing_token", &self.fencing_token())
             .field("renewals", &self.renewals())
             .field("time_left", &self.time_left())
@@ -91,6 +92,11 @@ impl LockContext {
     /// The random value stored under the key.
     pub fn token(&self) -> &str {
         &self.lease.token
+    }
+
+    /// The kind of lock held: exclusive, read, or one of N permits.
+    pub fn kind(&self) -> crate::LockKind {
+        self.lease.kind
     }
 
     /// The fencing token, when the lock was taken with `fencing = true`.
