@@ -69,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "second call for user 1024 while the first holds the lock:",
     );
     match test_redis_lock(1024, started).await {
-        Err(AppError::Lock(LockError::Busy { key })) => {
+        Err(AppError::Lock(LockError::Busy { key, .. })) => {
             say(started, &format!("second call rejected: `{key}` is busy"));
         }
         other => say(started, &format!("second call: unexpected {other:?}")),

@@ -14,7 +14,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use common::{get, key_gone};
 use http_body_util::BodyExt;
-use lockmacro_runtime::{LockClient, LockContext, LockError, redis_lock};
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, redis_lock};
 use testkit::RedisServer;
 use tokio::sync::oneshot;
 use tower::ServiceExt;
@@ -90,7 +90,7 @@ async fn seed_scenario_busy_second_call_then_cancelled_after_renewals() {
 
     let second = library.test_redis_lock(1024, None).await;
     assert!(
-        matches!(second, Err(AppError::Lock(LockError::Busy { ref key })) if key == "Business1:1024"),
+        matches!(second, Err(AppError::Lock(LockError::Busy { ref key, .. })) if key == "Business1:1024"),
         "{second:?}"
     );
 
@@ -200,4 +200,69 @@ async fn axum_handler_dropped_by_a_hung_up_client_releases_the_lock() {
     state.entered.notified().await;
     call.abort(); // what axum does when the client hangs up: the handler future is dropped
     key_gone(&server, "borrow:7", Duration::from_secs(2)).await;
+}
+
+#[redis_lock(prefix = "reserve", key = user_id, client = state.locks, ttl = 5, wait = "100ms")]
+async fn reserve_book(
+    State(state): State<AppState>,
+    Path(user_id): Path<u64>,
+) -> Result<Json<String>, LockError> {
+    state.entered.notify_one();
+    Ok(Json(format!("book reserved for {user_id}")))
+}
+
+/// A request that waited for a busy lock learned how long its holder has left: the 409 says
+/// when to come back.
+#[tokio::test]
+async fn axum_409_after_a_wait_carries_retry_after_within_the_holders_lease() {
+    let server = RedisServer::start();
+    let (state, _) = library_app(&server).await;
+    let app = Router::new()
+        .route("/users/{user_id}/reservations", post(reserve_book))
+        .with_state(state.clone());
+    let held = state
+        .locks
+        .acquire("reserve:5", LockOptions::new().ttl(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let response = app
+        .oneshot(
+            Request::post("/users/5/reservations")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let retry_after: u64 = response.headers()[axum::http::header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=5).contains(&retry_after), "Retry-After: {retry_after}");
+    held.release().await.unwrap();
+}
+
+/// Redis down: 503, with a body that names the lock but not the server or the OS error (those
+/// go to the log).
+#[tokio::test]
+async fn axum_503_hides_the_internals_of_a_redis_failure() {
+    let mut server = RedisServer::start();
+    let (_, app) = library_app(&server).await;
+    let port = server.port().to_string();
+    server.kill();
+    let response = app
+        .oneshot(Request::post("/users/9/books").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("borrow:9"), "the body names the key: {body}");
+    for internal in [port.as_str(), "127.0.0.1", "refused", "os error"] {
+        assert!(
+            !body.contains(internal),
+            "{internal:?} leaked into {body:?}"
+        );
+    }
 }

@@ -215,7 +215,10 @@ impl Engine {
         let Some(wait) = options.wait else {
             return match self.try_acquire(&key, new_token(), options).await? {
                 Attempt::Taken(lease) => Ok((lease, Waited::No)),
-                Attempt::Busy { .. } => Err(LockError::Busy { key }),
+                Attempt::Busy { remaining } => Err(LockError::Busy {
+                    key,
+                    retry_after: remaining,
+                }),
             };
         };
         let give_up = clock::after(Instant::now(), wait);
@@ -235,7 +238,10 @@ impl Engine {
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 tracing::debug!(key = %key, "lock still busy when the wait ran out");
-                return Err(LockError::Busy { key });
+                return Err(LockError::Busy {
+                    key,
+                    retry_after: remaining,
+                });
             }
             let ticket = match &ticket {
                 Some(ticket) => ticket,

@@ -12,6 +12,9 @@ pub enum LockError {
     Busy {
         /// The Redis key of the lock.
         key: String,
+        /// How long the holder's lease had left when last seen, when known (a call that
+        /// waited learns it; a fail-fast `SET NX` does not): a fair `Retry-After`.
+        retry_after: Option<std::time::Duration>,
     },
 
     /// The lease was extended `max_renewals` times and its last lease ran out before the work
@@ -104,7 +107,7 @@ impl LockError {
     /// The Redis key this error concerns, if any.
     pub fn key(&self) -> Option<&str> {
         match self {
-            Self::Busy { key }
+            Self::Busy { key, .. }
             | Self::RenewalsExhausted { key, .. }
             | Self::Lost { key }
             | Self::InvalidKey { key, .. }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::context;
 use crate::engine::Engine;
@@ -86,7 +87,8 @@ impl Lease {
     /// Runs `work` under this lease: it is dropped at its next `.await` once the lease ends
     /// (renewals used up, key lost, or no extension confirmed before the local deadline).
     /// Inside, [`LockContext::current`](crate::LockContext::current) describes this lease and
-    /// locked calls on the same key through the same client re-enter.
+    /// locked calls on the same key through the same client re-enter. It runs inside an INFO
+    /// span `lock` with the `key`, so the work's own log lines say which lock they ran under.
     ///
     /// # Errors
     /// [`LockError::RenewalsExhausted`] or [`LockError::Lost`] when the work was cut short.
@@ -95,7 +97,8 @@ impl Lease {
     /// Dropping the returned future drops `work`; the lease stays held until the `Lease` goes.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
         let state = &self.state;
-        let work = context::scope(state.clone(), work);
+        let span = tracing::info_span!("lock", key = %state.key);
+        let work = context::scope(state.clone(), work).instrument(span);
         let mut work = std::pin::pin!(work);
         let expiry = tokio::time::sleep_until(state.deadline());
         let mut expiry = std::pin::pin!(expiry);

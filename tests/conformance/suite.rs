@@ -38,7 +38,7 @@ pub async fn busy_key_fails_fast_and_the_work_never_runs(deployment: &impl Deplo
         })
         .await;
     assert!(
-        matches!(second, Err(LockError::Busy { ref key }) if key == "orders:7"),
+        matches!(second, Err(LockError::Busy { ref key, .. }) if key == "orders:7"),
         "{second:?}"
     );
     assert!(
