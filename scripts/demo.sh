@@ -4,8 +4,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-source scripts/ensure-redis-server.sh
-
 # Whether a Redis at URL $1 answers PING within a second or two.
 answers_ping() {
     if command -v redis-cli >/dev/null; then
@@ -44,10 +42,12 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 if answers_ping "$REDIS_URL"; then
     echo "==> using the Redis at $REDIS_URL" >&2
 else
+    # Only now is a redis-server of our own needed: install it if missing.
+    source scripts/ensure-redis-server.sh
     port="$(free_port)"
     dir="$(mktemp -d)"
     echo "==> nothing answers at $REDIS_URL; starting a throwaway redis-server on port $port" >&2
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+    "${REDIS_SERVER_BIN:-redis-server}" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
         --dir "$dir" --loglevel warning </dev/null >"$dir/redis-server.log" 2>&1 &
     redis_pid=$!
     trap 'kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
@@ -61,4 +61,5 @@ else
     answers_ping "$REDIS_URL" || { echo "error: redis-server did not answer PING" >&2; exit 1; }
 fi
 
-cargo run --quiet --example demo
+echo "==> building and running examples/demo.rs (the first build takes a minute or two)" >&2
+cargo run --example demo

@@ -225,3 +225,31 @@ async fn malformed_urls_are_config_errors() {
         );
     }
 }
+
+/// An application that already has a redis-rs client hands it over: locks go to its server,
+/// with its credentials, and the client's `Debug` shows the address but no password.
+#[tokio::test]
+async fn a_client_built_from_an_existing_redis_client_locks_on_its_server() {
+    let server = RedisServer::start();
+    server.command(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let url = format!("redis://:s3cret@127.0.0.1:{}", server.port());
+    let redis = redis::Client::open(url.as_str()).unwrap();
+    let locks = LockClient::builder_from_client(redis.clone())
+        .build()
+        .await
+        .unwrap();
+    let held = locks
+        .run_locked("existing:1", opts(1000), async {
+            let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+            let value: Option<String> = redis::AsyncCommands::get(&mut conn, "existing:1")
+                .await
+                .unwrap();
+            value
+        })
+        .await
+        .unwrap();
+    assert!(held.is_some(), "the lock key is on the client's server");
+    let shown = format!("{locks:?}");
+    assert!(shown.contains(&server.port().to_string()), "{shown}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}

@@ -22,6 +22,8 @@ pub(crate) enum Deployment {
     Cluster(Vec<String>),
     /// A Redlock quorum of independent masters.
     Redlock(Vec<String>),
+    /// One server, through a redis-rs client the application built itself.
+    Client(Box<redis::Client>),
 }
 
 impl Deployment {
@@ -29,6 +31,17 @@ impl Deployment {
         match self {
             Self::Url(url) => std::slice::from_ref(url),
             Self::Cluster(urls) | Self::Redlock(urls) => urls,
+            Self::Client(_) => &[],
+        }
+    }
+
+    fn wants_tls(&self) -> bool {
+        match self {
+            Self::Client(client) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            ),
+            _ => self.urls().iter().any(|url| tls::wants_tls(url)),
         }
     }
 
@@ -44,6 +57,8 @@ impl Deployment {
             Self::Url(url) => redact(url),
             Self::Cluster(seeds) => format!("cluster [{}]", list(seeds)),
             Self::Redlock(masters) => format!("redlock [{}]", list(masters)),
+            // The address alone: no user or password.
+            Self::Client(client) => client.get_connection_info().addr().to_string(),
         }
     }
 }
@@ -159,7 +174,7 @@ impl LockClientBuilder {
                 ),
             });
         }
-        if self.deployment.urls().iter().any(|url| tls::wants_tls(url)) {
+        if self.deployment.wants_tls() {
             tls::ensure_crypto_provider();
         }
         let (background, handle) = Background::thread().map_err(|err| LockError::Config {
@@ -173,6 +188,10 @@ impl LockClientBuilder {
         };
         let store: Arc<dyn Store> = match &self.deployment {
             Deployment::Url(url) => Arc::new(RedisStore::new(self.source(url)?, settings)),
+            Deployment::Client(client) => Arc::new(RedisStore::new(
+                Source::Direct((**client).clone()),
+                settings,
+            )),
             Deployment::Cluster(seeds) => {
                 let shown = seeds.iter().map(|url| redact(url)).collect::<Vec<_>>();
                 let tls = seeds.iter().any(|url| tls::wants_tls(url));

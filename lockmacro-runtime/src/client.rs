@@ -75,6 +75,22 @@ impl LockClient {
         LockClientBuilder::new(Deployment::Url(url.to_owned()))
     }
 
+    /// Starts configuring a client for the one server a redis-rs 1.x client the application
+    /// already has points at (its address, credentials, database and TLS settings are used as
+    /// they are; the TLS root set on the builder does not apply).
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lockmacro_runtime::LockClient;
+    ///
+    /// let redis = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let locks = LockClient::builder_from_client(redis.clone()).build().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_from_client(client: redis::Client) -> LockClientBuilder {
+        LockClientBuilder::new(Deployment::Client(Box::new(client)))
+    }
+
     /// Starts configuring a client for a Redis Cluster, given some of its nodes (`redis://` or
     /// `rediss://` URLs, with the user and password every node shares). The client learns the
     /// rest of the cluster from them.

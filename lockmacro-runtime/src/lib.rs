@@ -24,15 +24,31 @@
 //!
 //! # Features
 //!
-//! | feature | what it adds |
-//! |---|---|
-//! | `axum` | `IntoResponse` for [`LockError`]: 409 Conflict when busy, 503 otherwise |
+//! ```toml
+//! [dependencies]
+//! lockmacro-runtime = "0.1"                                    # TLS on by default
+//! # lockmacro-runtime = { version = "0.1", features = ["axum", "metrics"] }
+//! # lockmacro-runtime = { version = "0.1", default-features = false }   # no rustls at all
+//!
+//! [dev-dependencies]
+//! lockmacro-runtime = { version = "0.1", features = ["test-util"] }   # in-memory locks for tests
+//! ```
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `tls` | yes | `rediss://` URLs through rustls, beside whichever rustls provider the process uses |
+//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict (with `Retry-After` when known) when busy, 503 otherwise |
+//! | `metrics` | no | counters, histograms and gauges through the `metrics` 0.24 facade |
+//! | `test-util` | no | [`LockClient::in_memory`]: locks in the process, for tests, under paused time too |
+//!
+//! Without `tls` (`default-features = false`), a `rediss://` URL is a configuration error.
 //!
 //! # Cancellation
 //!
 //! Locked work is cancelled by dropping it at its next `.await`. Work that blocks a thread
 //! without reaching an `.await` cannot be cancelled and may outrun its lease.
 #![warn(missing_docs, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Bottom: time, what a runtime offers, keys, options, errors, a lease's shared state.
 mod clock;

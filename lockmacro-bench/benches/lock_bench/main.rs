@@ -1,4 +1,4 @@
-//! The lockmacro benchmark (issue 6): `cargo bench --bench lock_bench`.
+//! The lockmacro benchmark (issue 6): `cargo bench -p lockmacro-bench --bench lock_bench`.
 //!
 //! Absolute times drift from run to run on a shared machine, so every goal is a ratio measured
 //! in one run: each workload starts its own `redis-server` on a free loopback port, warms up,
@@ -17,7 +17,7 @@
 //! | W1c, W2c, W4c | W1, W2 and W4 on a 3-master Redis Cluster, against a raw floor on it | [`deployments`] |
 //! | W1r, W4r | W1 and W4 on a 3-master Redlock, against one Redis in the same run | [`deployments`] |
 //!
-//! `cargo bench --bench lock_bench -- W3 W4` runs only the workloads named (W0 runs with W1 and
+//! `cargo bench -p lockmacro-bench --bench lock_bench -- W3 W4` runs only the workloads named (W0 runs with W1 and
 //! W2, W2c with W1c, W4r with W1r), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
 //! only whole runs.
 
@@ -82,7 +82,7 @@ fn main() {
     if !wanted.is_empty() {
         return;
     }
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
     match report.write(&out) {
         Ok((json, svg)) => eprintln!("wrote {} and {}", json.display(), svg.display()),
         Err(err) => {

@@ -1,0 +1,1 @@
+//! Holds the benchmark only: see `benches/lock_bench`.
