@@ -56,11 +56,7 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 
 /// A random fraction in `[0, 1)`, for spreading retries; not for secrets.
 pub(crate) fn random_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (random >> 11) as f64 / (1u64 << 53) as f64
+    rand::random::<f64>()
 }
 
 /// `duration` scaled by a random factor in `[1 - spread, 1 + spread)`.

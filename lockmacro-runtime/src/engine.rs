@@ -368,7 +368,7 @@ impl Engine {
 
 /// A fresh 128-bit random token: proof that a lease is ours.
 fn new_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// Options that can only be refused at run time.

@@ -488,7 +488,7 @@ impl MemoryHooks {
     /// Lets another owner take `key` for `ttl`, replacing any holder: the holder learns `Lost`
     /// at its next renewal. Returns the other owner's token.
     pub fn take_over(&self, key: &str, ttl: Duration) -> String {
-        let token = format!("another-owner-{}", uuid::Uuid::new_v4().simple());
+        let token = format!("another-owner-{:032x}", rand::random::<u128>());
         self.store.data().locks.insert(
             key.to_owned(),
             Held::Exclusive {
