@@ -89,3 +89,56 @@ async fn writers_never_lose_an_update_and_readers_overlap_but_never_meet_a_write
     eprintln!("at most {most} readers inside at once");
     assert!(most >= 2, "readers never overlapped");
 }
+
+/// A writer asking while a stream of readers comes and goes is woken by the last reader's
+/// release, even when that release goes by while the writer is asking Redis (not parked): it
+/// never sleeps the readers' remaining lease (5 s here) instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_is_never_left_sleeping_through_the_last_readers_release() {
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    let stop = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let locks = locks.clone();
+        readers.spawn(async move {
+            let options = LockOptions::new()
+                .ttl(Duration::from_secs(5))
+                .read()
+                .wait(Duration::from_secs(10));
+            while tokio::time::Instant::now() < stop {
+                locks
+                    .run_locked("kinds:stream", options, async {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    })
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10));
+    let mut longest = Duration::ZERO;
+    let mut writes = 0;
+    while tokio::time::Instant::now() < stop {
+        let asked = tokio::time::Instant::now();
+        locks
+            .run_locked("kinds:stream", options, async {
+                longest = longest.max(asked.elapsed());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            })
+            .await
+            .unwrap();
+        writes += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while let Some(reader) = readers.join_next().await {
+        reader.unwrap();
+    }
+    assert!(writes >= 5, "{writes} writes");
+    assert!(
+        longest < Duration::from_millis(2_500),
+        "a writer waited {longest:?}: it slept through a release"
+    );
+}

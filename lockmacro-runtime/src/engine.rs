@@ -17,7 +17,7 @@ use crate::renewal::RenewalQueue;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
 use crate::store::{AcquireRequest, Acquired, Store, release_until_settled};
-use crate::waiters::WaitQueue;
+use crate::waiters::{Ticket, WaitQueue};
 
 pub(crate) struct Engine {
     pub(crate) id: u64,
@@ -226,10 +226,11 @@ impl Engine {
         // claim as a waiting writer. Only `Busy` leads to another attempt, and a busy attempt
         // took nothing, so nothing of an earlier attempt can be mistaken for the new lease.
         let token = new_token();
-        let mut ticket = None;
+        let mut ticket: Option<Ticket<'_>> = None;
         let mut polls = clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         let mut waited = Waited::No;
         loop {
+            let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
             let remaining = match self.try_acquire(&key, token.clone(), options).await? {
                 Attempt::Taken(lease) => return Ok((lease, waited)),
                 Attempt::Busy { remaining } => remaining,
@@ -274,7 +275,7 @@ impl Engine {
             }
             let left = give_up.saturating_duration_since(Instant::now());
             tokio::select! {
-                () = ticket.released_or(fallback.min(left)) => {}
+                () = ticket.released_or(fallback.min(left), heard) => {}
                 () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
             }
         }

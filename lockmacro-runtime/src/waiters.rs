@@ -31,6 +31,9 @@ type Keys = Mutex<HashMap<String, Arc<KeyWaiters>>>;
 
 struct KeyWaiters {
     released: Notify,
+    /// Releases heard so far: a waiter that was busy asking Redis when one went by (and so not
+    /// parked on `released`) sees the count moved and looks again instead of sleeping.
+    releases: std::sync::atomic::AtomicU64,
     waiters: Mutex<usize>,
     /// Waiters that must all look at each release (readers, fair waiters), not just one.
     everyone: std::sync::atomic::AtomicUsize,
@@ -104,6 +107,7 @@ impl WaitQueue {
             .or_insert_with(|| {
                 Arc::new(KeyWaiters {
                     released: Notify::new(),
+                    releases: std::sync::atomic::AtomicU64::new(0),
                     waiters: Mutex::new(0),
                     everyone: std::sync::atomic::AtomicUsize::new(0),
                     hearing: watch::Sender::new(Hearing::Pending),
@@ -146,9 +150,25 @@ impl Ticket<'_> {
         )
     }
 
-    /// Waits for a release of the key, or `fallback`, whichever comes first.
-    pub(crate) async fn released_or(&self, fallback: Duration) {
-        let _ = tokio::time::timeout(fallback, self.waiters.released.notified()).await;
+    /// How many releases of the key this client has heard: read before an attempt, handed to
+    /// [`released_or`](Self::released_or) after it.
+    pub(crate) fn releases_heard(&self) -> u64 {
+        self.waiters
+            .releases
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits for a release of the key, or `fallback`, whichever comes first; at once if one was
+    /// heard since `heard` was read ([`releases_heard`](Self::releases_heard)).
+    pub(crate) async fn released_or(&self, fallback: Duration, heard: u64) {
+        let notified = self.waiters.released.notified();
+        let mut notified = std::pin::pin!(notified);
+        // Registered before the count is checked: a release in between is not missed.
+        notified.as_mut().enable();
+        if self.releases_heard() != heard {
+            return;
+        }
+        let _ = tokio::time::timeout(fallback, notified).await;
     }
 }
 
@@ -179,6 +199,8 @@ impl KeyWaiters {
     /// After a release: one waiter looks (FIFO within the client), or every waiter when some
     /// must all look; a permit is kept for a waiter between two looks.
     fn wake(&self) {
+        self.releases
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if self.everyone.load(std::sync::atomic::Ordering::Acquire) > 0 {
             self.released.notify_waiters();
         }
@@ -333,7 +355,7 @@ impl Listener {
         }
         for waiters in lock(&self.keys).values() {
             waiters.hearing.send_replace(Hearing::Unheard);
-            waiters.released.notify_one();
+            waiters.wake();
         }
         self.reopen_at = Some(Instant::now() + self.backoff.next_delay());
     }
