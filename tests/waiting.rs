@@ -188,3 +188,53 @@ fn requests_served(server: &RedisServer) -> u64 {
         })
         .sum()
 }
+
+/// Within one client a caller that comes straight back after its release queues behind the
+/// callers already waiting instead of barging in ahead of the one its release woke: the lock
+/// changes hands at most acquisitions (about a third of them when callers barge) and every
+/// task gets its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_of_one_client_take_turns_instead_of_barging() {
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = tokio::time::Instant::now() + Duration::from_millis(1500);
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..8usize {
+        let (locks, order) = (locks.clone(), order.clone());
+        tasks.spawn(async move {
+            let options = opts(5_000).wait(Duration::from_secs(10));
+            while tokio::time::Instant::now() < stop {
+                locks
+                    .run_locked("turns:1", options, async {
+                        order.lock().unwrap().push(task);
+                    })
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(task) = tasks.join_next().await {
+        task.unwrap();
+    }
+    let order = order.lock().unwrap();
+    let changes = order.windows(2).filter(|pair| pair[0] != pair[1]).count();
+    let mut per_task = [0usize; 8];
+    for &task in order.iter() {
+        per_task[task] += 1;
+    }
+    let (least, most) = (
+        per_task.iter().min().unwrap(),
+        per_task.iter().max().unwrap(),
+    );
+    assert!(order.len() >= 40, "{} acquisitions", order.len());
+    assert!(
+        changes as f64 >= 0.7 * (order.len() - 1) as f64,
+        "the owner changed at {changes} of {} acquisitions",
+        order.len()
+    );
+    assert!(
+        *most as f64 <= 2.0 * *least as f64,
+        "acquisitions per task: {per_task:?}"
+    );
+}

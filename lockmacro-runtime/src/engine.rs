@@ -229,6 +229,26 @@ impl Engine {
         let mut ticket: Option<Ticket<'_>> = None;
         let mut polls = clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         let mut waited = Waited::No;
+        if options.kind == LockKind::Exclusive && !options.fair && self.waits.anyone_waits(&key) {
+            // Others of this client already wait for the key: queue behind them rather than
+            // barge in ahead of the waiter a release just woke (a releaser that comes straight
+            // back would otherwise take the lock again and again). A release wakes the longest
+            // parked first; a short poll covers a queue that has nobody left to release.
+            waited = Waited::Yes;
+            let joined = ticket.insert(self.waits.join(
+                &key,
+                false,
+                Prefix::of(options.label, &key),
+            ));
+            let heard = joined.releases_heard();
+            let turn = polls
+                .next_delay()
+                .min(give_up.saturating_duration_since(Instant::now()));
+            tokio::select! {
+                () = joined.released_or(turn, heard) => {}
+                () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
+            }
+        }
         loop {
             let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
             let remaining = match self.try_acquire(&key, token.clone(), options).await? {

@@ -97,6 +97,13 @@ impl WaitQueue {
         outcome.await.unwrap_or(Ok(()))
     }
 
+    /// Whether callers of this client are waiting for `key`.
+    pub(crate) fn anyone_waits(&self, key: &str) -> bool {
+        let keys = lock(&self.keys);
+        keys.get(key)
+            .is_some_and(|waiters| *lock(&waiters.waiters) > 0)
+    }
+
     /// Joins the queue of `key`, subscribing to its releases if this is the first waiter. With
     /// `everyone`, each release wakes every waiter of the key in this client, not just one.
     pub(crate) fn join(&self, key: &str, everyone: bool, prefix: Prefix) -> Ticket<'_> {
