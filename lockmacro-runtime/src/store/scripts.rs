@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::{AcquireNames, AcquireRequest, LeaseRef};
+use super::{AcquireNames, AcquireRequest, Acquired, LeaseRef};
 use crate::clock::millis;
 use crate::options::LockKind;
 
@@ -86,6 +86,20 @@ pub(crate) enum Announce {
 }
 
 /// The compare-and-delete script.
+/// What the acquire script's `{taken, value}` reply means: taken, with the fencing token when
+/// asked for; or busy, with the time until the key may be free when the script knows it.
+pub(crate) fn acquired(request: &AcquireRequest<'_>, (taken, value): (i64, i64)) -> Acquired {
+    if taken == 1 {
+        Acquired::Taken {
+            fencing_token: request.fencing.then_some(value.max(0) as u64),
+        }
+    } else {
+        Acquired::Busy {
+            remaining: u64::try_from(value).ok().map(Duration::from_millis),
+        }
+    }
+}
+
 pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) -> redis::Cmd {
     let mut cmd = evalsha(&RELEASE, 1);
     cmd.arg(lease.key)

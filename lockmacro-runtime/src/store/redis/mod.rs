@@ -316,17 +316,7 @@ impl Store for RedisStore {
             } else {
                 self.send::<(i64, i64)>(&mut lent, Request::Cmd(&cmd), budget)
                     .await
-                    .map(|(taken, value)| {
-                        if taken == 1 {
-                            Acquired::Taken {
-                                fencing_token: request.fencing.then_some(value.max(0) as u64),
-                            }
-                        } else {
-                            Acquired::Busy {
-                                remaining: u64::try_from(value).ok().map(Duration::from_millis),
-                            }
-                        }
-                    })
+                    .map(|reply| scripts::acquired(&request, reply))
             };
             match reply {
                 Ok(acquired) => {
