@@ -387,9 +387,14 @@ impl Engine {
     }
 }
 
-/// A fresh 128-bit random token: proof that a lease is ours.
+/// A fresh 128-bit random token, 32 hex digits: proof that a lease is ours.
 fn new_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = rand::random::<u128>();
+    (0..32)
+        .rev()
+        .map(|digit| char::from(HEX[(bits >> (digit * 4)) as usize & 0xf]))
+        .collect()
 }
 
 /// Options that can only be refused at run time.

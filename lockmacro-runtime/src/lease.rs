@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -100,21 +101,29 @@ impl Lease {
         let span = tracing::info_span!("lock", key = %state.key);
         let work = context::scope(state.clone(), work).instrument(span);
         let mut work = std::pin::pin!(work);
-        let expiry = tokio::time::sleep_until(state.deadline());
-        let mut expiry = std::pin::pin!(expiry);
-        loop {
-            tokio::select! {
-                biased;
-                () = state.cancel.cancelled() => break,
-                () = &mut expiry => {
-                    // An extension confirmed meanwhile moved the deadline: wait for the new one.
-                    let deadline = state.deadline();
-                    if deadline <= Instant::now() {
-                        break;
+        if !state.cancel.is_cancelled() && Instant::now() < state.deadline() {
+            // Work that finishes at its first poll needs neither a deadline timer nor a
+            // cancellation waiter: arming them costs more than a short critical section.
+            let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+            if let Poll::Ready(output) = first {
+                return Ok(output);
+            }
+            let expiry = tokio::time::sleep_until(state.deadline());
+            let mut expiry = std::pin::pin!(expiry);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = state.cancel.cancelled() => break,
+                    () = &mut expiry => {
+                        // An extension confirmed meanwhile moved the deadline: wait for it.
+                        let deadline = state.deadline();
+                        if deadline <= Instant::now() {
+                            break;
+                        }
+                        expiry.as_mut().reset(deadline);
                     }
-                    expiry.as_mut().reset(deadline);
+                    output = &mut work => return Ok(output),
                 }
-                output = &mut work => return Ok(output),
             }
         }
         let error = state.ending_error();

@@ -98,6 +98,7 @@ struct Run {
     handoff_p50: f64,
     rtt: Duration,
     requests_per_acquisition: f64,
+    commands_per_acquisition: f64,
 }
 
 async fn run(
@@ -140,7 +141,8 @@ async fn run(
     let after = CommandStats::read(&mut stats_connection).await;
     let log = std::mem::take(&mut *turns.0.lock().expect("turn log"));
     let requests = after.client_requests_since(&before);
-    summarise(&log.turns, deadline, RUN, rtt, requests)
+    let commands = after.commands_since(&before);
+    summarise(&log.turns, deadline, RUN, rtt, requests, commands)
 }
 
 fn summarise(
@@ -149,6 +151,7 @@ fn summarise(
     window: Duration,
     rtt: Duration,
     requests: u64,
+    commands: u64,
 ) -> Run {
     // Rates count turns begun inside the window; requests are over every turn, the drain too.
     let inside: Vec<&Turn> = turns.iter().filter(|t| t.entered < deadline).collect();
@@ -175,6 +178,7 @@ fn summarise(
         handoffs_in_rtts: handoffs.iter().map(|h| h / rtt_us).collect(),
         rtt,
         requests_per_acquisition: requests as f64 / turns.len().max(1) as f64,
+        commands_per_acquisition: commands as f64 / turns.len().max(1) as f64,
     }
 }
 
@@ -277,6 +281,15 @@ pub async fn contended(report: &mut Report) {
             requests,
             "",
             None,
+        );
+        let commands = figure(|r| r.commands_per_acquisition);
+        report.add(
+            "W3",
+            name,
+            "Redis commands per acquisition (incl. in scripts)",
+            commands,
+            "",
+            goal("≤ 4", commands <= 4.0),
         );
         if ours {
             let ahead = changes / rslock_changes;

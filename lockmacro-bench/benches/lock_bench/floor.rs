@@ -1,10 +1,17 @@
-//! W0, the floor: a lock cycle done by hand on raw redis-rs, with nothing around it. One cycle is
+//! W0, the floor: a lock cycle done by hand, with nothing around it. One cycle is
 //! `SET key token NX PX ttl` and then the classic compare-and-delete script by `EVALSHA`: the
-//! two round trips no Redis lock can do without.
+//! two round trips no Redis lock can do without. Two floors: [`RawConnection`] speaks RESP on a
+//! connection of its own (the limit any client approaches), and [`Floor`] sends the same two
+//! commands through one shared redis-rs multiplexed connection ("redis-rs alone", the client
+//! every library here sits on).
 
+use std::io::Write as _;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::aio::MultiplexedConnection;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 /// The classic compare-and-delete (as in the Redis docs and rslock).
 const COMPARE_AND_DELETE: &str = r#"
@@ -21,7 +28,7 @@ pub const PIPELINE_DEPTH: usize = 16;
 #[derive(Clone)]
 pub struct Floor {
     connection: MultiplexedConnection,
-    release_sha: String,
+    pub release_sha: String,
 }
 
 impl Floor {
@@ -86,6 +93,80 @@ impl Floor {
             .query_async(&mut self.connection)
             .await
             .expect("pipelined cycles");
+    }
+}
+
+/// The raw floor: RESP written and read by hand on one TCP connection, no client library.
+pub struct RawConnection {
+    stream: BufReader<TcpStream>,
+    release_sha: String,
+    request: Vec<u8>,
+    reply: Vec<u8>,
+}
+
+impl RawConnection {
+    pub async fn connect(server: SocketAddr, release_sha: &str) -> Self {
+        let stream = TcpStream::connect(server).await.expect("raw connection");
+        stream.set_nodelay(true).expect("TCP_NODELAY");
+        Self {
+            stream: BufReader::new(stream),
+            release_sha: release_sha.to_owned(),
+            request: Vec::with_capacity(256),
+            reply: Vec::with_capacity(64),
+        }
+    }
+
+    /// One lock cycle on `key`: take it, release it. Two round trips.
+    pub async fn cycle(&mut self, key: &str) {
+        let token = fresh_token();
+        let sha = std::mem::take(&mut self.release_sha);
+        let taken = self
+            .call(&[
+                b"SET",
+                key.as_bytes(),
+                token.as_bytes(),
+                b"NX",
+                b"PX",
+                b"3000",
+            ])
+            .await;
+        assert_eq!(taken, b"+OK\r\n", "raw floor key {key} was busy");
+        let deleted = self
+            .call(&[
+                b"EVALSHA",
+                sha.as_bytes(),
+                b"1",
+                key.as_bytes(),
+                token.as_bytes(),
+            ])
+            .await;
+        assert_eq!(
+            deleted, b":1\r\n",
+            "raw floor key {key} was not ours at release"
+        );
+        self.release_sha = sha;
+    }
+
+    /// Sends one command and reads its one-line reply (every reply here is one line).
+    async fn call(&mut self, args: &[&[u8]]) -> &[u8] {
+        self.request.clear();
+        write!(self.request, "*{}\r\n", args.len()).expect("write to a Vec");
+        for arg in args {
+            write!(self.request, "${}\r\n", arg.len()).expect("write to a Vec");
+            self.request.extend_from_slice(arg);
+            self.request.extend_from_slice(b"\r\n");
+        }
+        self.stream
+            .get_mut()
+            .write_all(&self.request)
+            .await
+            .expect("raw write");
+        self.reply.clear();
+        self.stream
+            .read_until(b'\n', &mut self.reply)
+            .await
+            .expect("raw read");
+        &self.reply
     }
 }
 

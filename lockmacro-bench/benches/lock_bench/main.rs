@@ -8,9 +8,9 @@
 //!
 //! | workload | what | where |
 //! |---|---|---|
-//! | W0 | the floor: raw redis-rs, `SET NX PX` + compare-and-delete `EVALSHA` | [`floor`] |
-//! | W1 | one task, its own key: the macro, `run_locked`, rslock, vs the floor | [`uncontended`] |
-//! | W2 | 64 tasks, a key each: total throughput vs the pipelined floor | [`uncontended`] |
+//! | W0 | the floors: `SET NX PX` + compare-and-delete `EVALSHA`, by hand-written RESP on a connection per task (raw), and through one shared redis-rs connection (redis-rs alone) | [`floor`] |
+//! | W1 | one task, its own key: the macro, `run_locked`, rslock, vs both floors; client and Redis CPU and Redis commands per cycle | [`uncontended`] |
+//! | W2 | 64 tasks, a key each: total throughput vs both floors and the pipelined one | [`uncontended`] |
 //! | W3 | 16 tasks, one key, waiting: throughput, fairness, handoff latency | [`contended`] |
 //! | W4 | 10 000 leases renewed for 20 s: requests, CPU, memory, lapses | [`renewal`] |
 //! | W5 | 16 readers and 1 writer on one key: reads/s, the writer's wait, fairness | [`kinds`] |
@@ -76,7 +76,9 @@ fn main() {
     ));
     report.note(
         "Redis requests count what clients send (script calls, direct SETs, subscriptions, \
-         pings), not the commands scripts run inside Redis, which INFO commandstats also counts.",
+         pings); Redis commands count every command Redis ran, those scripts run inside it \
+         included (INFO commandstats). CPU per cycle is this process's and the redis-server \
+         process's, from /proc.",
     );
     print!("{}", report.markdown());
     if !wanted.is_empty() {

@@ -71,6 +71,9 @@ pub async fn ping_rtt(connection: &mut MultiplexedConnection) -> Duration {
 #[derive(Clone, Default)]
 pub struct CommandStats(HashMap<String, u64>);
 
+/// Commands the benchmark itself sends to read its figures, left out of every count.
+const OURS: [&str; 2] = ["info", "ping"];
+
 impl CommandStats {
     pub async fn read(connection: &mut MultiplexedConnection) -> Self {
         let info: String = redis::cmd("INFO")
@@ -78,7 +81,7 @@ impl CommandStats {
             .query_async(connection)
             .await
             .expect("INFO commandstats");
-        let calls = info
+        let stats = info
             .lines()
             .filter_map(|line| {
                 let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
@@ -86,13 +89,23 @@ impl CommandStats {
                 Some((name.to_owned(), calls.parse().ok()?))
             })
             .collect();
-        Self(calls)
+        Self(stats)
     }
 
     /// Calls of `command` between `before` and `self`.
     pub fn since(&self, before: &CommandStats, command: &str) -> u64 {
-        let now = self.0.get(command).copied().unwrap_or(0);
-        now.saturating_sub(before.0.get(command).copied().unwrap_or(0))
+        let calls = |stats: &CommandStats| stats.0.get(command).copied().unwrap_or(0);
+        calls(self).saturating_sub(calls(before))
+    }
+
+    /// Every command Redis ran between `before` and `self`, those scripts ran inside included
+    /// (a script call counts itself and each command it runs); the benchmark's own left out.
+    pub fn commands_since(&self, before: &CommandStats) -> u64 {
+        self.0
+            .keys()
+            .filter(|command| !OURS.contains(&command.as_str()))
+            .map(|command| self.since(before, command))
+            .sum()
     }
 
     /// Requests the clients sent between `before` and `self`.
@@ -116,6 +129,23 @@ impl CommandStats {
             + calls("unsubscribe")
             + calls("ping")
     }
+}
+
+/// The process id of the server `connection` talks to, from `INFO server`.
+pub async fn server_pid(connection: &mut MultiplexedConnection) -> u32 {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(connection)
+        .await
+        .expect("INFO server");
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:")?.trim().parse().ok())
+        .expect("process_id in INFO server")
+}
+
+/// CPU time (user + system) of process `pid` so far, from `/proc` (10 ms resolution).
+pub fn process_cpu_of(pid: u32) -> Duration {
+    cpu_from_stat(&format!("/proc/{pid}/stat"))
 }
 
 /// CPU time (user + system) of this process so far.
@@ -146,7 +176,12 @@ pub fn threads_named(name: &str) -> Vec<u32> {
 
 /// CPU time (user + system) of thread `tid` of this process so far, from `/proc`.
 pub fn thread_cpu(tid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    cpu_from_stat(&format!("/proc/self/task/{tid}/stat"))
+}
+
+/// User + system CPU time in a `/proc/…/stat` file.
+fn cpu_from_stat(path: &str) -> Duration {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     // Fields after the parenthesised name: state is field 3, utime 14 and stime 15.
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after_name.split_whitespace().collect();

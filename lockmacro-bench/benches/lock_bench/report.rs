@@ -12,6 +12,8 @@ pub struct Figure {
     pub system: &'static str,
     pub metric: &'static str,
     pub value: f64,
+    /// The lowest and highest value over the repetitions, where the figure has one per run.
+    pub spread: Option<(f64, f64)>,
     pub unit: &'static str,
     pub target: Option<Target>,
 }
@@ -31,6 +33,9 @@ impl Target {
         })
     }
 }
+
+/// A goal as shown in the table, and the test a median must pass to meet it.
+pub type Goal = (&'static str, fn(f64) -> bool);
 
 /// Handoff latencies of one system, in round trips, pooled over the repetitions.
 pub struct HandoffSeries {
@@ -62,8 +67,34 @@ impl Report {
             system,
             metric,
             value,
+            spread: None,
             unit,
             target,
+        });
+    }
+
+    /// A figure measured once per repetition: its median, shown with its spread, and whether
+    /// the median meets `target`.
+    pub fn add_runs(
+        &mut self,
+        workload: &'static str,
+        system: &'static str,
+        metric: &'static str,
+        runs: &[f64],
+        unit: &'static str,
+        target: Option<Goal>,
+    ) {
+        let value = crate::measure::median(runs.iter().copied());
+        let lowest = runs.iter().copied().fold(f64::INFINITY, f64::min);
+        let highest = runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        self.figures.push(Figure {
+            workload,
+            system,
+            metric,
+            value,
+            spread: Some((lowest, highest)),
+            unit,
+            target: target.and_then(|(goal, met)| Target::new(goal, met(value))),
         });
     }
 
@@ -74,15 +105,22 @@ impl Report {
     /// The markdown table, then the machine and the notes.
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| workload | system | figure | median | target | met |\n|---|---|---|---:|---|---|\n",
+            "| workload | system | figure | median | range over runs | target | met |\n|---|---|---|---:|---:|---|---|\n",
         );
         for f in &self.figures {
             let (goal, met) = match &f.target {
                 Some(t) => (t.goal.as_str(), if t.met { "yes" } else { "**no**" }),
                 None => ("", ""),
             };
+            let spread = f.spread.map_or(String::new(), |(lowest, highest)| {
+                format!(
+                    "{}–{}",
+                    format_value(lowest, ""),
+                    format_value(highest, f.unit)
+                )
+            });
             out += &format!(
-                "| {} | {} | {} | {} | {goal} | {met} |\n",
+                "| {} | {} | {} | {} | {spread} | {goal} | {met} |\n",
                 f.workload,
                 f.system,
                 f.metric,
@@ -113,6 +151,7 @@ impl Report {
                     "system": f.system,
                     "figure": f.metric,
                     "median": finite(f.value),
+                    "range": f.spread.map(|(lowest, highest)| [finite(lowest), finite(highest)]),
                     "unit": f.unit,
                     "target": f.target.as_ref().map(|t| t.goal.clone()),
                     "met": f.target.as_ref().map(|t| t.met),

@@ -1,19 +1,27 @@
-//! W0 (the floor), W1 (one task, its own key) and W2 (64 tasks, a key each): lock cycles with
+//! W0 (the floors), W1 (one task, its own key) and W2 (64 tasks, a key each): lock cycles with
 //! nothing inside and nobody in the way, so all that is measured is what a cycle costs.
+//!
+//! Beside throughput and latency, each run counts what a cycle costs both sides: this process's
+//! CPU, the server's CPU (from `/proc`), and the commands Redis ran, those inside scripts
+//! included (`INFO commandstats`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockmacro_runtime::{LockClient, LockError, LockOptions, redis_lock};
+use redis::aio::MultiplexedConnection;
 use rslock::LockManager;
 use testkit::RedisServer;
 
-use crate::floor::{Floor, PIPELINE_DEPTH};
-use crate::measure::{Latencies, REPS, median};
-use crate::report::{Report, Target};
+use crate::floor::{Floor, PIPELINE_DEPTH, RawConnection};
+use crate::measure::{
+    CommandStats, Latencies, REPS, median, micros, process_cpu, process_cpu_of, server_pid,
+};
+use crate::report::Report;
 
 /// How long each system runs per repetition.
 const RUN: Duration = Duration::from_millis(700);
-/// Tasks in W2 (and in the concurrent floor).
+/// Tasks in W2 (and in the concurrent floors).
 const TASKS: usize = 64;
 /// Options of the programmatic path, the same as the macro's arguments below.
 const OPTIONS: LockOptions = LockOptions::new()
@@ -28,41 +36,63 @@ async fn macro_cycle(locks: &LockClient, id: usize) -> Result<(), LockError> {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum System {
-    FloorSequential,
-    FloorPipelined,
+    /// RESP by hand on a connection per task: the floor every ratio is taken against.
+    Raw,
+    /// The same two commands through one shared redis-rs multiplexed connection.
+    RedisRs,
+    /// redis-rs, [`PIPELINE_DEPTH`] cycles per round trip: one connection's throughput ceiling.
+    Pipelined,
     Macro,
     Api,
     Rslock,
 }
 
 impl System {
-    fn name(self, tasks: usize) -> &'static str {
-        match (self, tasks) {
-            (Self::FloorSequential, 1) => "W0 floor, sequential",
-            (Self::FloorSequential, _) => "W0 floor, 64 tasks",
-            (Self::FloorPipelined, _) => "W0 floor, pipelined ×16",
-            (Self::Macro, _) => "lockmacro #[redis_lock]",
-            (Self::Api, _) => "lockmacro run_locked",
-            (Self::Rslock, _) => "rslock 0.10",
+    fn name(self) -> &'static str {
+        match self {
+            Self::Raw => "raw RESP, a connection per task",
+            Self::RedisRs => "redis-rs 1.8 alone, one shared connection",
+            Self::Pipelined => "redis-rs pipelined ×16",
+            Self::Macro => "lockmacro #[redis_lock]",
+            Self::Api => "lockmacro run_locked",
+            Self::Rslock => "rslock 0.10",
         }
+    }
+
+    fn is_ours(self) -> bool {
+        matches!(self, Self::Macro | Self::Api)
     }
 }
 
 /// What the compared systems share in one workload: one server, and one client of each kind.
 struct Clients {
+    raw: Vec<Arc<tokio::sync::Mutex<RawConnection>>>,
     floor: Floor,
     locks: LockClient,
     rslock: LockManager,
+    /// For reading the server's counters between runs.
+    stats: MultiplexedConnection,
+    server_pid: u32,
 }
 
 impl Clients {
-    async fn connect(server: &RedisServer) -> Self {
+    async fn connect(server: &RedisServer, tasks: usize) -> Self {
+        let floor = Floor::new(server.connection().await).await;
+        let mut raw = Vec::with_capacity(tasks);
+        for _ in 0..tasks {
+            let connection = RawConnection::connect(server.addr(), &floor.release_sha).await;
+            raw.push(Arc::new(tokio::sync::Mutex::new(connection)));
+        }
+        let mut stats = server.connection().await;
         Self {
-            floor: Floor::new(server.connection().await).await,
+            raw,
+            floor,
             locks: LockClient::connect(&server.url())
                 .await
                 .expect("LockClient"),
             rslock: LockManager::new(vec![server.url()]),
+            server_pid: server_pid(&mut stats).await,
+            stats,
         }
     }
 }
@@ -71,29 +101,41 @@ impl Clients {
 struct Run {
     cycles_per_s: f64,
     per_cycle: Latencies,
+    client_cpu_us: f64,
+    redis_cpu_us: f64,
+    redis_commands: f64,
 }
 
 /// Runs `tasks` tasks, each cycling on its own key for `duration`.
-async fn run(clients: &Clients, system: System, tasks: usize, duration: Duration) -> Run {
+async fn run(clients: &mut Clients, system: System, tasks: usize, duration: Duration) -> Run {
+    let commands_before = CommandStats::read(&mut clients.stats).await;
+    let redis_before = process_cpu_of(clients.server_pid);
+    let client_before = process_cpu();
     let start = Instant::now();
     let deadline = start + duration;
     let mut handles = Vec::with_capacity(tasks);
     for task in 0..tasks {
+        let raw = clients.raw[task].clone();
         let mut floor = clients.floor.clone();
         let locks = clients.locks.clone();
         let rslock = clients.rslock.clone();
         handles.push(tokio::spawn(async move {
+            let mut raw = raw.lock().await;
             let key = format!("uncontended:{task}");
             let mut cycles = 0;
             let mut per_cycle = Latencies::default();
             while Instant::now() < deadline {
                 let began = Instant::now();
                 cycles += match system {
-                    System::FloorSequential => {
+                    System::Raw => {
+                        raw.cycle(&key).await;
+                        1
+                    }
+                    System::RedisRs => {
                         floor.cycle(&key).await;
                         1
                     }
-                    System::FloorPipelined => {
+                    System::Pipelined => {
                         floor.pipelined_cycles(&key).await;
                         PIPELINE_DEPTH
                     }
@@ -129,16 +171,27 @@ async fn run(clients: &Clients, system: System, tasks: usize, duration: Duration
         cycles += done;
         per_cycle.extend(latencies);
     }
+    let elapsed = start.elapsed();
+    let client_cpu = process_cpu() - client_before;
+    let redis_cpu = process_cpu_of(clients.server_pid) - redis_before;
+    let commands = CommandStats::read(&mut clients.stats)
+        .await
+        .commands_since(&commands_before);
+    let per = |total: f64| total / cycles.max(1) as f64;
     Run {
-        cycles_per_s: cycles as f64 / start.elapsed().as_secs_f64(),
+        cycles_per_s: cycles as f64 / elapsed.as_secs_f64(),
         per_cycle,
+        client_cpu_us: per(micros(client_cpu)),
+        redis_cpu_us: per(micros(redis_cpu)),
+        // The two `INFO` reads are left out by `commands_since`.
+        redis_commands: per(commands as f64),
     }
 }
 
 /// Runs each system once to warm up, then [`REPS`] times interleaved (A B C A B C …), each with
 /// `tasks(system)` tasks; returns the runs of each system in the order of `systems`.
 async fn interleaved(
-    clients: &Clients,
+    clients: &mut Clients,
     systems: &[System],
     tasks: impl Fn(System) -> usize,
 ) -> Vec<Vec<Run>> {
@@ -154,69 +207,111 @@ async fn interleaved(
     runs
 }
 
-/// The median over repetitions of `numerator / denominator`, paired by repetition, so a slow
+/// `numerator / denominator` of each repetition's cycles/s, paired by repetition, so a slow
 /// moment of the machine weighs on both sides of the ratio.
-fn paired_ratio(numerator: &[Run], denominator: &[Run]) -> f64 {
-    median(
-        numerator
-            .iter()
-            .zip(denominator)
-            .map(|(n, d)| n.cycles_per_s / d.cycles_per_s),
-    )
+fn paired_ratios(numerator: &[Run], denominator: &[Run]) -> Vec<f64> {
+    numerator
+        .iter()
+        .zip(denominator)
+        .map(|(n, d)| n.cycles_per_s / d.cycles_per_s)
+        .collect()
+}
+
+/// What each run cost: cycles/s, and per cycle the CPU of both sides and Redis's commands.
+fn add_costs(report: &mut Report, workload: &'static str, system: System, runs: &[Run]) {
+    let name = system.name();
+    let figure = |f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+    report.add_runs(
+        workload,
+        name,
+        "cycles/s",
+        &figure(|r| r.cycles_per_s),
+        "/s",
+        None,
+    );
+    if workload != "W2" {
+        let p50 = median(runs.iter().map(|r| r.per_cycle.p50()));
+        report.add(workload, name, "cycle p50", p50, "µs", None);
+        let p99 = median(runs.iter().map(|r| r.per_cycle.p99()));
+        report.add(workload, name, "cycle p99", p99, "µs", None);
+    }
+    let client_cpu = figure(|r| r.client_cpu_us);
+    report.add_runs(
+        workload,
+        name,
+        "client CPU per cycle",
+        &client_cpu,
+        "µs",
+        None,
+    );
+    let redis_cpu = figure(|r| r.redis_cpu_us);
+    report.add_runs(
+        workload,
+        name,
+        "Redis CPU per cycle",
+        &redis_cpu,
+        "µs",
+        None,
+    );
+    let commands = figure(|r| r.redis_commands);
+    report.add_runs(
+        workload,
+        name,
+        "Redis commands per cycle (incl. in scripts)",
+        &commands,
+        "",
+        None,
+    );
 }
 
 /// W0 sequential and W1: one task on its own key, on a server of its own.
 pub async fn single_task(report: &mut Report) {
     let server = RedisServer::start();
-    let clients = Clients::connect(&server).await;
+    let mut clients = Clients::connect(&server, 1).await;
     let systems = [
-        System::FloorSequential,
+        System::Raw,
+        System::RedisRs,
         System::Macro,
         System::Api,
         System::Rslock,
     ];
-    let runs = interleaved(&clients, &systems, |_| 1).await;
-    let floor = &runs[0];
-    let rslock = &runs[3];
+    let runs = interleaved(&mut clients, &systems, |_| 1).await;
+    let (raw, redis_rs, rslock) = (&runs[0], &runs[1], &runs[4]);
     for (&system, runs) in systems.iter().zip(&runs) {
-        let workload = if system == System::FloorSequential {
-            "W0"
-        } else {
-            "W1"
-        };
-        let name = system.name(1);
-        let cps = median(runs.iter().map(|r| r.cycles_per_s));
-        report.add(workload, name, "cycles/s", cps, "/s", None);
-        let p50 = median(runs.iter().map(|r| r.per_cycle.p50()));
-        report.add(workload, name, "cycle p50", p50, "µs", None);
-        let p99 = median(runs.iter().map(|r| r.per_cycle.p99()));
-        report.add(workload, name, "cycle p99", p99, "µs", None);
-        if system == System::FloorSequential {
+        let workload = if system == System::Raw { "W0" } else { "W1" };
+        add_costs(report, workload, system, runs);
+        if system == System::Raw {
             continue;
         }
-        // Time per cycle relative to the floor's: the inverse of the throughput ratio.
-        let slowdown = paired_ratio(floor, runs);
-        let ours = system != System::Rslock;
-        let target = ours
-            .then(|| Target::new("≤ 1.15×", slowdown <= 1.15))
-            .flatten();
-        report.add(
+        let name = system.name();
+        // Time per cycle relative to the raw floor's: the inverse of the throughput ratio.
+        let slowdown = paired_ratios(raw, runs);
+        report.add_runs(
             "W1",
             name,
-            "time per cycle ÷ W0 sequential",
-            slowdown,
+            "time per cycle ÷ raw floor",
+            &slowdown,
             "×",
-            target,
+            None,
         );
-        if ours {
-            let ahead = paired_ratio(runs, rslock);
-            report.add(
+        if system.is_ours() {
+            let vs_redis_rs = paired_ratios(runs, redis_rs);
+            report.add_runs(
+                "W1",
+                name,
+                "cycles/s ÷ redis-rs alone",
+                &vs_redis_rs,
+                "×",
+                Some(("≥ 1×", |r| r >= 1.0)),
+            );
+            let vs_rslock = paired_ratios(runs, rslock);
+            report.add_runs(
                 "W1",
                 name,
                 "cycles/s ÷ rslock",
-                ahead,
+                &vs_rslock,
                 "×",
-                Target::new("> 1×", ahead > 1.0),
+                Some(("> 1×", |r| r > 1.0)),
             );
         }
     }
@@ -225,49 +320,62 @@ pub async fn single_task(report: &mut Report) {
 /// W0 concurrent and pipelined, and W2: 64 tasks, a key each, on a server of its own.
 pub async fn many_tasks(report: &mut Report) {
     let server = RedisServer::start();
-    let clients = Clients::connect(&server).await;
+    let mut clients = Clients::connect(&server, TASKS).await;
     let systems = [
-        System::FloorSequential,
-        System::FloorPipelined,
+        System::Raw,
+        System::RedisRs,
+        System::Pipelined,
         System::Macro,
         System::Api,
         System::Rslock,
     ];
     // The pipelined floor is one task sending batches; the others are 64 tasks.
     let tasks = |system| {
-        if system == System::FloorPipelined {
+        if system == System::Pipelined {
             1
         } else {
             TASKS
         }
     };
-    let runs = interleaved(&clients, &systems, tasks).await;
-    let pipelined = &runs[1];
-    let rslock = &runs[4];
+    let runs = interleaved(&mut clients, &systems, tasks).await;
+    let (raw, redis_rs, rslock) = (&runs[0], &runs[1], &runs[5]);
     for (&system, runs) in systems.iter().zip(&runs) {
         let workload = match system {
-            System::FloorSequential | System::FloorPipelined => "W0",
+            System::Raw | System::Pipelined => "W0",
             _ => "W2",
         };
-        let name = system.name(TASKS);
-        let cps = median(runs.iter().map(|r| r.cycles_per_s));
-        report.add(workload, name, "total cycles/s", cps, "/s", None);
-        if workload == "W0" {
+        add_costs(report, workload, system, runs);
+        if system == System::Raw {
             continue;
         }
-        let share = paired_ratio(runs, pipelined);
-        let ours = system != System::Rslock;
-        let target = ours.then(|| Target::new("≥ 0.8×", share >= 0.8)).flatten();
-        report.add("W2", name, "cycles/s ÷ pipelined floor", share, "×", target);
-        if ours {
-            let ahead = paired_ratio(runs, rslock);
-            report.add(
+        let name = system.name();
+        let share = paired_ratios(runs, raw);
+        report.add_runs(
+            workload,
+            name,
+            "cycles/s ÷ 64-connection raw floor",
+            &share,
+            "×",
+            None,
+        );
+        if system.is_ours() {
+            let vs_redis_rs = paired_ratios(runs, redis_rs);
+            report.add_runs(
+                "W2",
+                name,
+                "cycles/s ÷ redis-rs alone",
+                &vs_redis_rs,
+                "×",
+                Some(("≥ 1×", |r| r >= 1.0)),
+            );
+            let vs_rslock = paired_ratios(runs, rslock);
+            report.add_runs(
                 "W2",
                 name,
                 "cycles/s ÷ rslock",
-                ahead,
+                &vs_rslock,
                 "×",
-                Target::new("> 1×", ahead > 1.0),
+                Some(("≥ 1.1×", |r| r >= 1.1)),
             );
         }
     }

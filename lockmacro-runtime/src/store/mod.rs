@@ -271,12 +271,15 @@ pub(crate) struct TimedOut(pub(crate) Duration);
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
     namespace: Arc<str>,
+    /// `{namespace}:released:`, built once: every release names its channel.
+    released: Arc<str>,
 }
 
 impl Names {
     pub(crate) fn new(namespace: &str) -> Self {
         Self {
             namespace: namespace.into(),
+            released: format!("{namespace}:released:").into(),
         }
     }
 
@@ -310,18 +313,12 @@ impl Names {
     }
 
     pub(crate) fn release_channel(&self, key: &str) -> String {
-        format!("{}{key}", self.release_channel_prefix())
+        [self.released.as_ref(), key].concat()
     }
 
     /// The key whose release `channel` announces, if it is one of ours.
     pub(crate) fn released_key<'c>(&self, channel: &'c str) -> Option<&'c str> {
-        channel
-            .strip_prefix(self.namespace.as_ref())?
-            .strip_prefix(":released:")
-    }
-
-    fn release_channel_prefix(&self) -> String {
-        format!("{}:released:", self.namespace)
+        channel.strip_prefix(self.released.as_ref())
     }
 }
 

@@ -33,8 +33,14 @@ pub(crate) const FENCING_COUNTER_LIFE: Duration = Duration::from_secs(24 * 60 * 
 
 /// `SET key token NX PX ttl`: the exclusive fast path, one command.
 pub(crate) fn set_nx(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
+    // Room for `GET` too, so neither form grows its buffers while it is built.
+    let mut cmd = redis::Cmd::with_capacity(7, key.len() + token.len() + 32);
+    cmd.arg("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis(ttl));
     cmd
 }
 
@@ -49,7 +55,16 @@ pub(crate) fn set_nx_get(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
 /// The acquire script: any kind of lock, with a fencing token, a fair queue or a writer's claim
 /// against new readers, as `request` asks.
 pub(crate) fn acquire(request: &AcquireRequest<'_>, names: &AcquireNames) -> redis::Cmd {
-    let mut cmd = evalsha(&ACQUIRE, 5);
+    let names_len = names.fencing_counter.len()
+        + names.queue.len()
+        + names.queue_expiry.len()
+        + names.writers.len();
+    let mut cmd = evalsha(
+        &ACQUIRE,
+        5,
+        13,
+        request.key.len() + names_len + request.token.len() + 64,
+    );
     cmd.arg(request.key)
         .arg(&names.fencing_counter)
         .arg(&names.queue)
@@ -85,7 +100,6 @@ pub(crate) enum Announce {
     ShardedPublish,
 }
 
-/// The compare-and-delete script.
 /// What the acquire script's `{taken, value}` reply means: taken, with the fencing token when
 /// asked for; or busy, with the time until the key may be free when the script knows it.
 pub(crate) fn acquired(request: &AcquireRequest<'_>, (taken, value): (i64, i64)) -> Acquired {
@@ -100,8 +114,14 @@ pub(crate) fn acquired(request: &AcquireRequest<'_>, (taken, value): (i64, i64))
     }
 }
 
+/// The compare-and-delete script, announcing the release on `channel`.
 pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) -> redis::Cmd {
-    let mut cmd = evalsha(&RELEASE, 1);
+    let mut cmd = evalsha(
+        &RELEASE,
+        1,
+        4,
+        lease.key.len() + lease.token.len() + channel.len() + 8,
+    );
     cmd.arg(lease.key)
         .arg(lease.token)
         .arg(channel)
@@ -137,9 +157,12 @@ pub(crate) fn load_all() -> redis::Pipeline {
     pipe
 }
 
-/// `EVALSHA sha numkeys`, to be followed by keys and arguments.
-fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
+/// `EVALSHA sha numkeys`, to be followed by `more_args` keys and arguments of about
+/// `more_bytes` bytes in all.
+fn evalsha(script: &Script, keys: usize, more_args: usize, more_bytes: usize) -> redis::Cmd {
+    // Room for every argument up front: growing one argument at a time reallocates several
+    // times per command.
+    let mut cmd = redis::Cmd::with_capacity(3 + more_args, 7 + 40 + 4 + more_bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
 }
