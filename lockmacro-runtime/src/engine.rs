@@ -213,7 +213,7 @@ impl Engine {
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         let key = key.to_owned();
         let Some(wait) = options.wait else {
-            return match self.try_acquire(&key, new_token(), options).await? {
+            return match self.try_acquire(&key, new_token(), options, false).await? {
                 Attempt::Taken(lease) => Ok((lease, Waited::No)),
                 Attempt::Busy { remaining } => Err(LockError::Busy {
                     key,
@@ -229,6 +229,11 @@ impl Engine {
         let mut ticket: Option<Ticket<'_>> = None;
         let mut polls = clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         let mut waited = Waited::No;
+        // A fair waiter keeps its place in the queue from its first attempt. An exclusive
+        // lock's first attempt is a plain `SET NX` (most find the key free, and no earlier
+        // attempt of this token left a claim to clear); from its second attempt a writer that
+        // waits on readers also keeps new readers out.
+        let mut keeps_place = options.fair || options.kind != LockKind::Exclusive;
         if options.kind == LockKind::Exclusive && !options.fair && self.waits.anyone_waits(&key) {
             // Others of this client already wait for the key: queue behind them rather than
             // barge in ahead of the waiter a release just woke (a releaser that comes straight
@@ -251,10 +256,12 @@ impl Engine {
         }
         loop {
             let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
-            let remaining = match self.try_acquire(&key, token.clone(), options).await? {
+            let attempt = self.try_acquire(&key, token.clone(), options, keeps_place);
+            let remaining = match attempt.await? {
                 Attempt::Taken(lease) => return Ok((lease, waited)),
                 Attempt::Busy { remaining } => remaining,
             };
+            keeps_place = true;
             waited = Waited::Yes;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -301,12 +308,13 @@ impl Engine {
         }
     }
 
-    /// One attempt to take `key`.
+    /// One attempt to take `key`; a `waiting` attempt keeps the caller's place when busy.
     async fn try_acquire(
         &self,
         key: &str,
         token: String,
         options: &LockOptions,
+        waiting: bool,
     ) -> Result<Attempt, LockError> {
         let ttl = options.ttl;
         // A reply later than the lease itself is worthless: the lock may have lapsed already.
@@ -320,7 +328,7 @@ impl Engine {
             kind: options.kind,
             ttl,
             fencing: options.fencing,
-            waiting: options.wait.is_some(),
+            waiting,
             fair: options.fair,
         };
         let sent_at = clock::now();
