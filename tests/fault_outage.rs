@@ -106,7 +106,9 @@ async fn an_outage_under_a_thousand_leases_costs_little_cpu_and_few_connection_a
         attempts_per_second < 50.0,
         "{attempts} connection attempts in {took:?}"
     );
-    assert!(core_share < 0.05, "{cpu:?} of CPU in {took:?}");
+    // A busy loop burns a whole core; backing off costs about 5 % of one here (a debug build,
+    // 1 000 leases failing), so the bound tells the two apart without riding on machine noise.
+    assert!(core_share < 0.25, "{cpu:?} of CPU in {took:?}");
     // Every holder learnt its lease was lost once its deadline passed.
     let mut lost = 0;
     while let Some(outcome) = holders.join_next().await {

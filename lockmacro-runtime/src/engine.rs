@@ -167,7 +167,7 @@ impl Engine {
     ) -> Result<Arc<LeaseState>, LockError> {
         let prefix = Prefix::of(options.label, &key);
         let started = Instant::now();
-        let taken = self.take(&key, options).await;
+        let taken = self.take(key, options).await;
         let outcome = match &taken {
             Ok(_) => "acquired",
             Err(LockError::Busy { .. }) => "busy",
@@ -186,32 +186,32 @@ impl Engine {
 
     async fn take(
         &self,
-        key: &str,
+        key: String,
         options: &LockOptions,
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
-        let key = key.to_owned();
         rt::require(Driver::Time)?;
         check(options)?;
         self.shut(&key)?;
         self.background.ensure_running();
-        let (lease, waited) = self.acquire_or_wait(&key, options).await?;
+        let (lease, waited) = self.acquire_or_wait(key, options).await?;
         if self.closing.is_cancelled() {
             // Taken while the client shut down: give it back at once.
             if lease.claim_release() {
                 self.forget(&lease);
                 let _ = self.store.release(lease.lease_ref()).await;
             }
-            return Err(LockError::ShutDown { key });
+            return Err(LockError::ShutDown {
+                key: lease.key.clone(),
+            });
         }
         Ok((lease, waited))
     }
 
     async fn acquire_or_wait(
         &self,
-        key: &str,
+        key: String,
         options: &LockOptions,
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
-        let key = key.to_owned();
         let Some(wait) = options.wait else {
             return match self.try_acquire(&key, new_token(), options, false).await? {
                 Attempt::Taken(lease) => Ok((lease, Waited::No)),

@@ -15,18 +15,26 @@
 //! | `lockmacro_leases` | gauge | `prefix` |
 //! | `lockmacro_waiters` | gauge | `prefix` |
 
+#[cfg(feature = "metrics")]
 use std::sync::Arc;
 
-/// The `prefix` label of a lock: cheap to clone.
+/// The `prefix` label of a lock: cheap to clone, and nothing at all without the feature (every
+/// lock call builds one).
 #[derive(Debug, Clone)]
-pub(crate) struct Prefix(#[cfg_attr(not(feature = "metrics"), allow(dead_code))] Arc<str>);
+pub(crate) struct Prefix(#[cfg(feature = "metrics")] Arc<str>);
 
 impl Prefix {
     /// The attribute's prefix when known, else the key's part before its first `:`.
     pub(crate) fn of(given: Option<&'static str>, key: &str) -> Self {
-        Self(Arc::from(
+        #[cfg(feature = "metrics")]
+        return Self(Arc::from(
             given.unwrap_or_else(|| key.split(':').next().unwrap_or(key)),
-        ))
+        ));
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = (given, key);
+            Self()
+        }
     }
 }
 
