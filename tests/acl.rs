@@ -17,8 +17,10 @@ use testkit::RedisServer;
 /// connection set-up (`PING`, `AUTH`/`HELLO`, `SELECT` for a db; redis-rs also sends
 /// `CLIENT SETINFO` on Redis ≥ 7.2 and ignores its refusal), `SET` and `EVALSHA`/`EVAL`/
 /// `SCRIPT LOAD` for the scripts, which call `GET`, `SET`, `DEL`, `TYPE`, `PEXPIRE`, `PTTL`,
-/// `TIME` and `PUBLISH`, the hash commands of shared locks, the list commands of fair queues and
-/// the sorted-set commands of waiting writers; and `SUBSCRIBE`/`UNSUBSCRIBE` for waiters.
+/// `TIME`, `PUBLISH` and `PUBSUB NUMSUB` (a hand-over to a waiter of the same client; without
+/// it, releases announce instead), the hash commands of shared locks, the list commands of fair
+/// queues and the sorted-set commands of waiting writers; and `SUBSCRIBE`/`UNSUBSCRIBE` for
+/// waiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_user_confined_to_locks_works_there_and_gets_noperm_elsewhere() {
     let server = RedisServer::start();
@@ -43,6 +45,7 @@ async fn acl_user_confined_to_locks_works_there_and_gets_noperm_elsewhere() {
         "+pexpire",
         "+pttl",
         "+publish",
+        "+pubsub|numsub",
         "+subscribe",
         "+unsubscribe",
         "+evalsha",

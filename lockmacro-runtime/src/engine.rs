@@ -16,8 +16,8 @@ use crate::options::{LockKind, LockOptions};
 use crate::renewal::RenewalQueue;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
-use crate::store::{AcquireRequest, Acquired, Store, release_until_settled};
-use crate::waiters::{Ticket, WaitQueue};
+use crate::store::{AcquireRequest, Acquired, HandOver, LeaseRef, Store, release_until_settled};
+use crate::waiters::{Candidate, Offer, Ticket, WaitQueue};
 
 pub(crate) struct Engine {
     pub(crate) id: u64,
@@ -43,6 +43,59 @@ pub(crate) struct Timing {
 enum Attempt {
     Taken(Arc<LeaseState>),
     Busy { remaining: Option<Duration> },
+}
+
+/// What a release of this client did for a waiter that offered to be handed the lock.
+pub(crate) enum Handing {
+    /// The lock is the waiter's now.
+    Handed(Handed),
+    /// Another client waits too: the lock was released and announced instead. The waiter
+    /// waits for that announcement, as the other client's waiters do.
+    Declined,
+    /// The lease was no longer the releaser's: the waiter looks again now.
+    Look,
+    /// The hand-over got no answer: the waiter's token may hold the key. It is given up
+    /// (released in the background) and the waiter goes on with a new one.
+    Uncertain,
+}
+
+/// A lease handed to a waiter, registered with the watchdog: released in the background if
+/// the waiter is gone before it takes it.
+pub(crate) struct Handed {
+    engine: Arc<Engine>,
+    lease: Arc<LeaseState>,
+    taken: bool,
+}
+
+impl Handed {
+    fn take(mut self) -> Arc<LeaseState> {
+        self.taken = true;
+        self.lease.clone()
+    }
+}
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        tracing::debug!(key = %self.lease.key, "the waiter handed the lock was gone; releasing it");
+        if self.lease.claim_release() {
+            self.engine.release_in_background(&self.lease);
+        } else {
+            self.engine.forget(&self.lease);
+        }
+    }
+}
+
+/// How a parked waiter came back.
+enum Parked {
+    /// A release was heard, or the wait timed out: look again.
+    Look,
+    /// A release of this client handed it the lock.
+    Handed(Arc<LeaseState>),
+    /// A hand-over to it got no answer: look again with a new token.
+    NewToken,
 }
 
 /// Whether an acquisition found the lock busy before it took it: its wait is zero otherwise.
@@ -225,7 +278,7 @@ impl Engine {
         // One token for every attempt of this wait: it keeps its place in a fair queue and its
         // claim as a waiting writer. Only `Busy` leads to another attempt, and a busy attempt
         // took nothing, so nothing of an earlier attempt can be mistaken for the new lease.
-        let token = new_token();
+        let mut token = new_token();
         let mut ticket: Option<Ticket<'_>> = None;
         let mut polls = clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         let mut waited = Waited::No;
@@ -249,9 +302,11 @@ impl Engine {
             let turn = polls
                 .next_delay()
                 .min(give_up.saturating_duration_since(Instant::now()));
-            tokio::select! {
-                () = joined.released_or(turn, heard) => {}
-                () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
+            match self.park(joined, &key, &token, options, turn, heard).await {
+                Ok(Parked::Look) => {}
+                Ok(Parked::Handed(lease)) => return Ok((lease, waited)),
+                Ok(Parked::NewToken) => token = new_token(),
+                Err(()) => return Err(LockError::ShutDown { key }),
             }
         }
         loop {
@@ -301,11 +356,74 @@ impl Engine {
                 fallback = fallback.min(options.ttl.max(Duration::from_secs(1)) / 3);
             }
             let left = give_up.saturating_duration_since(Instant::now());
-            tokio::select! {
-                () = ticket.released_or(fallback.min(left), heard) => {}
-                () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
+            let parked = self.park(ticket, &key, &token, options, fallback.min(left), heard);
+            match parked.await {
+                Ok(Parked::Look) => {}
+                Ok(Parked::Handed(lease)) => return Ok((lease, waited)),
+                Ok(Parked::NewToken) => token = new_token(),
+                Err(()) => return Err(LockError::ShutDown { key }),
             }
         }
+    }
+
+    /// Waits for a release of the key (heard since `heard`), at most `fallback`. A waiter that
+    /// asks for nothing but the exclusive lock also offers to be handed it by a release of this
+    /// client, saving the release's announcement and its own `SET`. `Err` when the client shuts
+    /// down.
+    async fn park(
+        &self,
+        ticket: &Ticket<'_>,
+        key: &str,
+        token: &str,
+        options: &LockOptions,
+        fallback: Duration,
+        heard: u64,
+    ) -> Result<Parked, ()> {
+        let takes_hand_over = options.kind == LockKind::Exclusive
+            && !options.fair
+            && !options.fencing
+            && self.store.hands_over();
+        let mut offer = takes_hand_over.then(|| ticket.offer(token, options));
+        loop {
+            let settled = tokio::select! {
+                () = ticket.released_or(fallback, heard) => None,
+                handing = Offer::settled(&mut offer) => Some(handing),
+                () = self.closing.cancelled() => return Err(()),
+            };
+            let handing = match (settled, offer.take()) {
+                (Some(handing), _) => handing,
+                (None, None) => return Ok(Parked::Look),
+                (None, Some(offer)) => match offer.withdraw().await {
+                    Some(handing) => handing,
+                    None => return Ok(Parked::Look),
+                },
+            };
+            match handing {
+                Handing::Handed(handed) => return Ok(Parked::Handed(handed.take())),
+                Handing::Look => return Ok(Parked::Look),
+                // Wait for the announcement of that release (or the fallback).
+                Handing::Declined => {}
+                Handing::Uncertain => {
+                    self.give_up_token(key, token, options);
+                    return Ok(Parked::NewToken);
+                }
+            }
+        }
+    }
+
+    /// Releases, in the background, whatever `token` may hold of `key`: a token a hand-over
+    /// may have put there without either side learning it.
+    fn give_up_token(&self, key: &str, token: &str, options: &LockOptions) {
+        let given_up = LeaseState::new(
+            next_lease_id(),
+            self.id,
+            key.to_owned(),
+            token.to_owned(),
+            options,
+            None,
+            clock::now(),
+        );
+        self.retry_release(&Arc::new(given_up));
     }
 
     /// One attempt to take `key`; a `waiting` attempt keeps the caller's place when busy.
@@ -334,9 +452,8 @@ impl Engine {
         let sent_at = clock::now();
         match metrics::timed("acquire", self.store.acquire(request, budget)).await {
             Ok(Acquired::Taken { fencing_token }) => {
-                static IDS: AtomicU64 = AtomicU64::new(1);
                 let lease = Arc::new(LeaseState::new(
-                    IDS.fetch_add(1, Ordering::Relaxed),
+                    next_lease_id(),
                     self.id,
                     key.to_owned(),
                     token,
@@ -356,9 +473,17 @@ impl Engine {
         }
     }
 
-    /// Releases `lease` and waits for the answer: `true` when it was ours and is gone now.
-    pub(crate) async fn release(&self, lease: &LeaseState) -> Result<bool, LockError> {
+    /// Releases `lease` and waits for the answer: `true` when it was ours and is gone now, or
+    /// handed to the next waiter of this client.
+    pub(crate) async fn release(self: &Arc<Self>, lease: &LeaseState) -> Result<bool, LockError> {
         self.renewals.deregister(lease.id);
+        if lease.kind == LockKind::Exclusive
+            && self.store.hands_over()
+            && !self.closing.is_cancelled()
+            && let Some(next) = self.waits.next_candidate(&lease.key)
+        {
+            return self.hand_over(lease, next).await;
+        }
         let released = metrics::timed("release", self.store.release(lease.lease_ref()))
             .await
             .map_err(|error| error.into_lock_error(Some(&lease.key)));
@@ -366,6 +491,65 @@ impl Engine {
             metrics::release(&lease.prefix, "confirmed");
         }
         released
+    }
+
+    /// Passes `lease` straight to `next`, a parked waiter of this client, unless another client
+    /// waits for the key too (then it is released and announced, and `next` looks again).
+    async fn hand_over(
+        self: &Arc<Self>,
+        lease: &LeaseState,
+        next: Candidate,
+    ) -> Result<bool, LockError> {
+        let to = LeaseRef {
+            key: &lease.key,
+            token: &next.token,
+            kind: LockKind::Exclusive,
+            ttl: next.options.ttl,
+        };
+        tracing::debug!(key = %lease.key, "handing the lock to the next waiter of this client");
+        let sent_at = clock::now();
+        let outcome = metrics::timed("release", self.store.hand_over(lease.lease_ref(), to)).await;
+        match outcome {
+            Ok(HandOver::Handed) => {
+                metrics::release(&lease.prefix, "confirmed");
+                let handed = Arc::new(LeaseState::new(
+                    next_lease_id(),
+                    self.id,
+                    lease.key.clone(),
+                    next.token.clone(),
+                    &next.options,
+                    None,
+                    sent_at,
+                ));
+                self.renewals.register(handed.clone());
+                tracing::debug!(key = %lease.key, "lock handed to the next waiter of this client");
+                // A waiter gone meanwhile gets it back here, and its drop releases it.
+                let _ = next.tell(Handing::Handed(Handed {
+                    engine: self.clone(),
+                    lease: handed,
+                    taken: false,
+                }));
+                Ok(true)
+            }
+            Ok(HandOver::Released) => {
+                metrics::release(&lease.prefix, "confirmed");
+                let _ = next.tell(Handing::Declined);
+                Ok(true)
+            }
+            Ok(HandOver::NotOurs) => {
+                let _ = next.tell(Handing::Look);
+                Ok(false)
+            }
+            Err(error) => {
+                // The key may hold either token now. Ours is released in the background by the
+                // caller's guard; the waiter gives its own up (or, gone, has it given up here).
+                let (key, token, options) = (lease.key.clone(), next.token.clone(), next.options);
+                if next.tell(Handing::Uncertain).is_err() {
+                    self.give_up_token(&key, &token, &options);
+                }
+                Err(error.into_lock_error(Some(&lease.key)))
+            }
+        }
     }
 
     /// Releases `lease` on the client's runtime, retried until answered or the lease would
@@ -393,6 +577,12 @@ impl Engine {
     pub(crate) fn held_leases(&self) -> usize {
         self.renewals.len()
     }
+}
+
+/// A lease's id in the watchdog's registry: unique within the process.
+fn next_lease_id() -> u64 {
+    static IDS: AtomicU64 = AtomicU64::new(1);
+    IDS.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A fresh 128-bit random token, 32 hex digits: proof that a lease is ours.

@@ -8,8 +8,8 @@
 //! waiters are told at once (they fall back to that timing), and the subscription is reopened
 //! with backoff and every waited-for key subscribed again.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::Background;
 use crate::clock::Backoff;
+use crate::engine::Handing;
 use crate::metrics::{self, Prefix};
+use crate::options::LockOptions;
 use crate::store::{ReleaseFeed, Store, StoreError};
 
 pub(crate) struct WaitQueue {
@@ -38,6 +40,73 @@ struct KeyWaiters {
     /// Waiters that must all look at each release (readers, fair waiters), not just one.
     everyone: std::sync::atomic::AtomicUsize,
     hearing: watch::Sender<Hearing>,
+    /// Parked waiters a release of this client may hand the lock to, longest parked first.
+    candidates: Mutex<VecDeque<Candidate>>,
+}
+
+/// A parked waiter that offered to take the lock straight from a release of this client.
+pub(crate) struct Candidate {
+    offer: u64,
+    pub(crate) token: String,
+    pub(crate) options: LockOptions,
+    outcome: oneshot::Sender<Handing>,
+}
+
+impl Candidate {
+    /// Tells the waiter what its release did; gives `handing` back when the waiter is gone (a
+    /// handed lease is then released as it drops).
+    pub(crate) fn tell(self, handing: Handing) -> Result<(), Handing> {
+        self.outcome.send(handing)
+    }
+}
+
+/// A waiter's offer to be handed the lock; withdrawn when dropped.
+pub(crate) struct Offer {
+    waiters: Arc<KeyWaiters>,
+    id: u64,
+    outcome: oneshot::Receiver<Handing>,
+}
+
+impl Offer {
+    /// What the release that took the offer up did (the offer is gone then); never if `offer`
+    /// is `None`. A release that went away without telling may have handed the lock over:
+    /// that is [`Handing::Uncertain`].
+    pub(crate) async fn settled(offer: &mut Option<Offer>) -> Handing {
+        let Some(pending) = offer else {
+            return std::future::pending().await;
+        };
+        let handing = (&mut pending.outcome).await.unwrap_or(Handing::Uncertain);
+        *offer = None;
+        handing
+    }
+
+    /// Withdraws the offer: `None` if no release took it up. Once a release has, waits for
+    /// what it did (bounded by its request), so a lease handed meanwhile is never left behind
+    /// nor its token used for another attempt.
+    pub(crate) async fn withdraw(self) -> Option<Handing> {
+        if self.remove() {
+            return None;
+        }
+        Some(Self::settled(&mut Some(self)).await)
+    }
+
+    /// Takes the offer out of the queue; `false` when a release already took it.
+    fn remove(&self) -> bool {
+        let mut candidates = lock(&self.waiters.candidates);
+        match candidates.iter().position(|c| c.offer == self.id) {
+            Some(at) => {
+                candidates.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        self.remove();
+    }
 }
 
 /// Whether releases of a key reach its waiters.
@@ -118,6 +187,7 @@ impl WaitQueue {
                     waiters: Mutex::new(0),
                     everyone: std::sync::atomic::AtomicUsize::new(0),
                     hearing: watch::Sender::new(Hearing::Pending),
+                    candidates: Mutex::new(VecDeque::new()),
                 })
             })
             .clone();
@@ -145,7 +215,41 @@ impl WaitQueue {
     }
 }
 
+impl WaitQueue {
+    /// The longest-parked waiter of this client that offered to be handed `key`, taken out of
+    /// the queue: the caller must [`tell`](Candidate::tell) it what became of its offer. None
+    /// while readers or fair waiters of this client wait for the key: a release is theirs to
+    /// look at.
+    pub(crate) fn next_candidate(&self, key: &str) -> Option<Candidate> {
+        let waiters = lock(&self.keys).get(key)?.clone();
+        if waiters.everyone.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            return None;
+        }
+        lock(&waiters.candidates).pop_front()
+    }
+}
+
 impl Ticket<'_> {
+    /// Offers to take the lock straight from a release of this client, as `token` with
+    /// `options`, until the offer is withdrawn.
+    pub(crate) fn offer(&self, token: &str, options: &LockOptions) -> Offer {
+        static OFFERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = OFFERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (told, outcome) = oneshot::channel();
+        lock(&self.waiters.candidates).push_back(Candidate {
+            offer: id,
+            token: token.to_owned(),
+            options: *options,
+            outcome: told,
+        });
+        tracing::debug!(key = %self.key, "waiting for a release of this client to hand the lock over");
+        Offer {
+            waiters: self.waiters.clone(),
+            id,
+            outcome,
+        }
+    }
+
     /// Waits (at most `budget`) until the subscription is confirmed or has failed; `true` when
     /// releases of the key are heard from now on.
     pub(crate) async fn subscribed(&self, budget: Duration) -> bool {

@@ -49,6 +49,29 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// `false` when it was no longer ours.
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// Whether [`hand_over`](Self::hand_over) passes a lock on, rather than releasing it.
+    fn hands_over(&self) -> bool {
+        false
+    }
+
+    /// Passes an exclusive `lease` straight to `next` (a waiter of this client, same key): the
+    /// key gets `next`'s token and ttl with no moment free. When another client waits for the
+    /// key too, it is released and announced instead, as [`release`](Self::release) does; a
+    /// deployment that does not hand over always does that.
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        let _ = next;
+        Box::pin(async move {
+            Ok(match self.release(lease).await? {
+                true => HandOver::Released,
+                false => HandOver::NotOurs,
+            })
+        })
+    }
+
     /// A subscription to release announcements, for waiters.
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
 
@@ -109,6 +132,17 @@ impl AcquireRequest<'_> {
 pub(crate) enum Acquired {
     Taken { fencing_token: Option<u64> },
     Busy { remaining: Option<Duration> },
+}
+
+/// What a hand-over did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HandOver {
+    /// The next holder's token and ttl are on the key now.
+    Handed,
+    /// Another client waits too: released and announced instead.
+    Released,
+    /// The lease was no longer ours: nothing changed.
+    NotOurs,
 }
 
 /// A held lease, as the store needs it to extend or release it.

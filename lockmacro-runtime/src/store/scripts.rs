@@ -15,13 +15,15 @@ use crate::options::LockKind;
 pub(crate) const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
 pub(crate) const RELEASE_LUA: &str = include_str!("scripts/release.lua");
 pub(crate) const EXTEND_LUA: &str = include_str!("scripts/extend.lua");
+pub(crate) const HAND_OVER_LUA: &str = include_str!("scripts/hand_over.lua");
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
+pub(crate) static HAND_OVER: LazyLock<Script> = LazyLock::new(|| Script::new(HAND_OVER_LUA));
 
 /// Every script, for loading them up front on a new connection.
-pub(crate) const ALL: [&str; 3] = [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA];
+pub(crate) const ALL: [&str; 4] = [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA, HAND_OVER_LUA];
 
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
 pub(crate) const EXTEND_CHUNK: usize = 500;
@@ -129,6 +131,34 @@ pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) ->
             Announce::Publish => "PUBLISH",
             Announce::ShardedPublish => "SPUBLISH",
         });
+    cmd
+}
+
+/// The hand-over script: `lease`'s key passes to `next` (same key), unless another client
+/// waits for it too; then it is released and announced on `channel` as [`release`] does.
+pub(crate) fn hand_over(
+    lease: LeaseRef<'_>,
+    next: LeaseRef<'_>,
+    channel: &str,
+    announce: Announce,
+) -> redis::Cmd {
+    let mut cmd = evalsha(
+        &HAND_OVER,
+        1,
+        7,
+        lease.key.len() + lease.token.len() + next.token.len() + channel.len() + 40,
+    );
+    let (count, publish) = match announce {
+        Announce::Publish => ("NUMSUB", "PUBLISH"),
+        Announce::ShardedPublish => ("SHARDNUMSUB", "SPUBLISH"),
+    };
+    cmd.arg(lease.key)
+        .arg(lease.token)
+        .arg(next.token)
+        .arg(millis(next.ttl))
+        .arg(channel)
+        .arg(count)
+        .arg(publish);
     cmd
 }
 

@@ -14,8 +14,8 @@ use tokio::runtime::Handle;
 
 use super::scripts::{self, Announce};
 use super::{
-    AcquireRequest, Acquired, BoxFuture, LeaseRef, Names, ReleaseFeed, Renewal, Store, StoreError,
-    TimedOut, Unreachable,
+    AcquireRequest, Acquired, BoxFuture, HandOver, LeaseRef, Names, ReleaseFeed, Renewal, Store,
+    StoreError, TimedOut, Unreachable,
 };
 
 pub(crate) mod connections;
@@ -231,6 +231,29 @@ impl RedisStore {
         Ok(deleted == 1)
     }
 
+    async fn hand_over_here(
+        &self,
+        lease: LeaseRef<'_>,
+        next: LeaseRef<'_>,
+    ) -> Result<HandOver, StoreError> {
+        let mut lent = self.lend().await?;
+        let channel = self.settings().names.release_channel(lease.key);
+        let cmd = scripts::hand_over(lease, next, &channel, Announce::Publish);
+        let outcome: i64 = self
+            .send(
+                &mut lent,
+                Request::Cmd(&cmd),
+                self.settings().response_timeout,
+            )
+            .await
+            .map_err(SendError::into_store_error)?;
+        Ok(match outcome {
+            1 => HandOver::Handed,
+            2 => HandOver::Released,
+            _ => HandOver::NotOurs,
+        })
+    }
+
     fn release_cmd(&self, lease: LeaseRef<'_>) -> redis::Cmd {
         let channel = self.settings().names.release_channel(lease.key);
         scripts::release(lease, &channel, Announce::Publish)
@@ -367,6 +390,18 @@ impl Store for RedisStore {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.release_here(lease))
+    }
+
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(self.hand_over_here(lease, next))
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {

@@ -1,0 +1,296 @@
+//! Within one client, a release passes an exclusive lock straight to the next waiter of that
+//! client: no moment free, no announcement, no `SET` of the waiter's own; unless another client
+//! waits for the key too.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{command_calls, eventually, fast_client, get, opts};
+use lockmacro_runtime::{LockClient, LockContext};
+use testkit::{Fault, FaultProxy, RedisServer};
+use tokio::sync::oneshot;
+use tracing_subscriber::fmt::MakeWriter;
+
+/// The library's debug log, kept in memory: how a test learns that a waiter is parked.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Log {
+    /// Captures the debug events of this thread (the test's current-thread runtime) until the
+    /// guard drops.
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let log = Self::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(log.clone())
+            .finish();
+        (log, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .matches(needle)
+            .count()
+    }
+
+    async fn seen(&self, needle: &str) {
+        eventually(Duration::from_secs(5), needle, || async {
+            self.count(needle) > 0
+        })
+        .await;
+    }
+}
+
+impl Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Log {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+const PARKED: &str = "waiting for a release of this client to hand the lock over";
+const HANDING: &str = "handing the lock to the next waiter of this client";
+
+fn subscribers(server: &RedisServer, key: &str) -> i64 {
+    match server.command(&["PUBSUB", "NUMSUB", &format!("lockmacro:released:{key}")]) {
+        redis::Value::Array(reply) => match reply.get(1) {
+            Some(redis::Value::Int(count)) => *count,
+            other => panic!("PUBSUB NUMSUB count {other:?}"),
+        },
+        other => panic!("PUBSUB NUMSUB answered {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_without_freeing_it() {
+    let (log, _guard) = Log::capture();
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    let held = locks.acquire("handover:1", opts(5_000)).await.unwrap();
+    let (entered, entered_rx) = oneshot::channel();
+    let (leave, leave_rx) = oneshot::channel::<()>();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let options = opts(4_000).wait(Duration::from_secs(10));
+            locks
+                .run_locked("handover:1", options, async move {
+                    let token = LockContext::current().unwrap().token().to_owned();
+                    entered.send(token).unwrap();
+                    leave_rx.await.unwrap();
+                })
+                .await
+        }
+    });
+    log.seen(PARKED).await;
+
+    let (publishes, dels) = (
+        command_calls(&server, "publish"),
+        command_calls(&server, "del"),
+    );
+    let holder = held.token().to_owned();
+    held.release().await.unwrap();
+    let next = entered_rx.await.unwrap();
+    assert_ne!(next, holder);
+    assert_eq!(get(&server, "handover:1").await, Some(next));
+    assert_eq!(log.count(HANDING), 1);
+    assert_eq!(
+        command_calls(&server, "publish"),
+        publishes,
+        "nothing announced"
+    );
+    assert_eq!(command_calls(&server, "del"), dels, "never deleted");
+    let ttl = match server.command(&["PTTL", "handover:1"]) {
+        redis::Value::Int(ms) => ms,
+        other => panic!("PTTL answered {other:?}"),
+    };
+    assert!((1..=4_000).contains(&ttl), "the waiter's own ttl: {ttl} ms");
+
+    leave.send(()).unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(get(&server, "handover:1").await, None);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn with_a_waiter_in_another_client_the_lock_is_released_and_announced_instead() {
+    let (log, _guard) = Log::capture();
+    let server = RedisServer::start();
+    let (here, there) = (fast_client(&server).await, fast_client(&server).await);
+    let held = here.acquire("handover:2", opts(5_000)).await.unwrap();
+    let options = opts(5_000).wait(Duration::from_secs(10));
+    let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
+    let (leave, _) = tokio::sync::watch::channel(false);
+    let spawn_waiter = |locks: LockClient, name: &'static str| {
+        let (entered, mut leave) = (entered.clone(), leave.subscribe());
+        tokio::spawn(async move {
+            let work = async move {
+                entered.send(name).unwrap();
+                leave.wait_for(|go| *go).await.unwrap();
+            };
+            locks.run_locked("handover:2", options, work).await
+        })
+    };
+    let local = spawn_waiter(here.clone(), "here");
+    log.seen(PARKED).await;
+    let remote = spawn_waiter(there.clone(), "there");
+    eventually(
+        Duration::from_secs(5),
+        "both clients subscribed",
+        || async { subscribers(&server, "handover:2") == 2 },
+    )
+    .await;
+
+    let publishes = command_calls(&server, "publish");
+    held.release().await.unwrap();
+    let first = entries.recv().await.unwrap();
+    assert_eq!(
+        command_calls(&server, "publish"),
+        publishes + 1,
+        "the release was announced before {first} took the lock"
+    );
+    leave.send(true).unwrap();
+    local.await.unwrap().unwrap();
+    remote.await.unwrap().unwrap();
+}
+
+/// A client whose callers keep taking turns on a key does not keep it from another client's
+/// waiter: while anyone else waits, its releases are announced to all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_client_does_not_keep_a_key_from_another_client() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let server = RedisServer::start();
+    let (busy, other) = (fast_client(&server).await, fast_client(&server).await);
+    let options = opts(5_000).wait(Duration::from_secs(10));
+    let other_done = Arc::new(AtomicBool::new(false));
+    let taken = Arc::new(AtomicU64::new(0));
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut turns = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (busy, other_done, taken) = (busy.clone(), other_done.clone(), taken.clone());
+        turns.spawn(async move {
+            while !other_done.load(Ordering::SeqCst) && tokio::time::Instant::now() < give_up {
+                busy.run_locked("handover:3", options, async {})
+                    .await
+                    .unwrap();
+                taken.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    eventually(
+        Duration::from_secs(5),
+        "the busy client taking turns",
+        || async { taken.load(Ordering::SeqCst) >= 50 },
+    )
+    .await;
+    other
+        .run_locked("handover:3", options, async {})
+        .await
+        .expect("the other client got its turn within its wait");
+    other_done.store(true, Ordering::SeqCst);
+    while let Some(turns) = turns.join_next().await {
+        turns.unwrap();
+    }
+}
+
+/// A waiter cancelled while a release hands it the lock leaves nothing behind: the lease handed
+/// to it is released at once, not left to expire.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_cancelled_while_being_handed_the_lock_has_it_released() {
+    let (log, _guard) = Log::capture();
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let locks = LockClient::builder(&proxy.url())
+        .scan_interval(Duration::from_millis(100))
+        .response_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let held = locks.acquire("handover:4", opts(30_000)).await.unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let options = opts(30_000).wait(Duration::from_secs(20));
+            locks
+                .run_locked("handover:4", options, std::future::pending::<()>())
+                .await
+        }
+    });
+    log.seen(PARKED).await;
+
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let release = tokio::spawn(held.release());
+    log.seen(HANDING).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    release.await.unwrap().unwrap();
+    proxy.set(Fault::Pass);
+    // Its lease is 30 s: gone within 5 s, it was released.
+    eventually(
+        Duration::from_secs(5),
+        "the handed lock released",
+        || async { get(&server, "handover:4").await.is_none() },
+    )
+    .await;
+}
+
+/// A user the ACL does not allow `PUBSUB NUMSUB` (granted before hand-over existed) still has
+/// its locks pass to its waiters: the release is announced instead of handed over, no error.
+#[tokio::test(flavor = "current_thread")]
+async fn without_pubsub_numsub_in_the_acl_a_release_announces_instead() {
+    let (log, _guard) = Log::capture();
+    let server = RedisServer::start();
+    let granted = server.command(&[
+        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-pubsub",
+    ]);
+    assert_eq!(granted, redis::Value::Okay);
+    let url = format!("redis://locker:pw@127.0.0.1:{}", server.port());
+    let locks = LockClient::builder(&url)
+        .scan_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let held = locks.acquire("handover:5", opts(5_000)).await.unwrap();
+    let (entered, entered_rx) = oneshot::channel();
+    let (leave, leave_rx) = oneshot::channel::<()>();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let options = opts(5_000).wait(Duration::from_secs(10));
+            let work = async move {
+                entered.send(()).unwrap();
+                leave_rx.await.unwrap();
+            };
+            locks.run_locked("handover:5", options, work).await
+        }
+    });
+    log.seen(PARKED).await;
+
+    let publishes = command_calls(&server, "publish");
+    held.release().await.expect("released without an error");
+    entered_rx.await.unwrap();
+    assert_eq!(log.count(HANDING), 1, "a hand-over was tried");
+    assert_eq!(
+        command_calls(&server, "publish"),
+        publishes + 1,
+        "announced"
+    );
+    leave.send(()).unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(get(&server, "handover:5").await, None);
+}
