@@ -3,8 +3,8 @@
 //! Absolute times drift from run to run on a shared machine, so every goal is a ratio measured
 //! in one run: each workload starts its own `redis-server` on a free loopback port, warms up,
 //! and interleaves the systems it compares (A B A B …) over several repetitions; the figures are
-//! the medians. It prints a markdown table, and writes `docs/bench/results.json` and
-//! `docs/bench/handoff.svg`.
+//! the medians. It prints a markdown table, and writes `docs/bench/results.json` and the W3
+//! pictures `docs/bench/handoff.svg` and `docs/bench/wait.svg`.
 //!
 //! | workload | what | where |
 //! |---|---|---|
@@ -86,7 +86,10 @@ fn main() {
     }
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
     match report.write(&out) {
-        Ok((json, svg)) => eprintln!("wrote {} and {}", json.display(), svg.display()),
+        Ok(paths) => {
+            let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            eprintln!("wrote {}", paths.join(", "));
+        }
         Err(err) => {
             eprintln!("cannot write the results under {}: {err}", out.display());
             std::process::exit(1);

@@ -1,5 +1,6 @@
-//! The benchmark's outputs: a markdown table on stdout, `docs/bench/results.json`, and
-//! `docs/bench/handoff.svg`, the distribution of W3 handoff latencies.
+//! The benchmark's outputs: a markdown table on stdout, `docs/bench/results.json`, and two
+//! pictures of W3: `docs/bench/handoff.svg` (handoff latencies) and `docs/bench/wait.svg`
+//! (acquire waits).
 
 use std::path::{Path, PathBuf};
 
@@ -37,17 +38,19 @@ impl Target {
 /// A goal as shown in the table, and the test a median must pass to meet it.
 pub type Goal = (&'static str, fn(f64) -> bool);
 
-/// Handoff latencies of one system, in round trips, pooled over the repetitions.
-pub struct HandoffSeries {
+/// One system's W3 samples, pooled over the repetitions: handoffs in round trips, or waits in
+/// FIFO ideals.
+pub struct Series {
     pub system: &'static str,
-    pub in_rtts: Vec<f64>,
+    pub values: Vec<f64>,
 }
 
 /// Everything one run of the benchmark produced.
 #[derive(Default)]
 pub struct Report {
     pub figures: Vec<Figure>,
-    pub handoffs: Vec<HandoffSeries>,
+    pub handoffs: Vec<Series>,
+    pub waits: Vec<Series>,
     pub machine: Vec<(&'static str, String)>,
     pub notes: Vec<String>,
 }
@@ -163,56 +166,84 @@ impl Report {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), Value::from(v.clone())))
             .collect();
-        let handoffs: serde_json::Map<String, Value> = self
-            .handoffs
-            .iter()
-            .map(|h| (h.system.to_owned(), json!(quantiles(&h.in_rtts))))
-            .collect();
+        let quantiles_of = |series: &[Series]| -> serde_json::Map<String, Value> {
+            series
+                .iter()
+                .map(|s| (s.system.to_owned(), quantiles(&s.values)))
+                .collect()
+        };
         json!({
             "figures": figures,
             "machine": machine,
-            "handoff_quantiles_in_rtts": handoffs,
+            "handoff_quantiles_in_rtts": quantiles_of(&self.handoffs),
+            "wait_quantiles_in_fifo_ideals": quantiles_of(&self.waits),
             "notes": self.notes,
         })
     }
 
-    /// Writes `results.json` and `handoff.svg` under `dir`; returns their paths.
-    pub fn write(&self, dir: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
+    /// Writes `results.json`, `handoff.svg` and `wait.svg` under `dir`; returns their paths.
+    pub fn write(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir)?;
         let json_path = dir.join("results.json");
         let pretty = serde_json::to_string_pretty(&self.json()).map_err(std::io::Error::other)?;
         std::fs::write(&json_path, pretty + "\n")?;
-        let svg_path = dir.join("handoff.svg");
-        self.draw_handoffs(&svg_path)
-            .map_err(|err| std::io::Error::other(err.to_string()))?;
-        Ok((json_path, svg_path))
+        let handoffs = Chart {
+            caption: "W3: handoff latency (release -> next holder running), 16 tasks on one key",
+            x_desc: "handoff latency, in PING round trips (log scale)",
+            y_desc: "fraction of owner changes",
+            goal: (3.0, "goal: p50 <= 3 round trips"),
+        };
+        let waits = Chart {
+            caption: "W3: acquire wait (asked -> holding), 16 tasks on one key",
+            x_desc: "wait, in FIFO ideals (16 / acquisitions per second of its run; log scale)",
+            y_desc: "fraction of acquisitions",
+            goal: (3.0, "goal: p99 <= 3 FIFO ideals"),
+        };
+        let mut paths = vec![json_path];
+        for (name, chart, series) in [
+            ("handoff.svg", handoffs, &self.handoffs),
+            ("wait.svg", waits, &self.waits),
+        ] {
+            let path = dir.join(name);
+            chart
+                .draw(series, &path)
+                .map_err(|err| std::io::Error::other(err.to_string()))?;
+            paths.push(path);
+        }
+        Ok(paths)
     }
+}
 
-    /// The cumulative distribution of handoff latency per system, in round trips on a log axis,
-    /// with the 3-round-trip goal marked.
-    fn draw_handoffs(&self, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+/// A picture of cumulative distributions, one line per system, on a log axis, with a goal
+/// marked.
+struct Chart {
+    caption: &'static str,
+    x_desc: &'static str,
+    y_desc: &'static str,
+    goal: (f64, &'static str),
+}
+
+impl Chart {
+    fn draw(&self, series: &[Series], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
         root.fill(&WHITE)?;
-        let all = self.handoffs.iter().flat_map(|h| h.in_rtts.iter().copied());
-        let lowest = all.clone().fold(f64::INFINITY, f64::min).clamp(0.1, 1.0);
+        let all = series.iter().flat_map(|s| s.values.iter().copied());
+        let lowest = all.clone().fold(f64::INFINITY, f64::min).clamp(0.01, 1.0);
         let highest = all.fold(1.0f64, f64::max).max(10.0) * 1.2;
         let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "W3: handoff latency (release -> next holder running), 16 tasks on one key",
-                ("sans-serif", 20),
-            )
+            .caption(self.caption, ("sans-serif", 20))
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(55)
             .build_cartesian_2d((lowest..highest).log_scale(), 0.0..1.0)?;
         chart
             .configure_mesh()
-            .x_desc("handoff latency, in PING round trips (log scale)")
-            .y_desc("fraction of owner changes")
+            .x_desc(self.x_desc)
+            .y_desc(self.y_desc)
             .draw()?;
         let colours = [BLUE, RED, GREEN, MAGENTA];
-        for (series, colour) in self.handoffs.iter().zip(colours) {
-            let mut sorted = series.in_rtts.clone();
+        for (series, colour) in series.iter().zip(colours) {
+            let mut sorted = series.values.clone();
             sorted.sort_by(f64::total_cmp);
             let n = sorted.len().max(1) as f64;
             let step = (sorted.len() / 600).max(1);
@@ -226,12 +257,13 @@ impl Report {
                 .label(format!("{} (n = {})", series.system, sorted.len()))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour));
         }
+        let (at, label) = self.goal;
         chart
             .draw_series(LineSeries::new(
-                [(3.0, 0.0), (3.0, 1.0)],
+                [(at, 0.0), (at, 1.0)],
                 BLACK.mix(0.5).stroke_width(1),
             ))?
-            .label("goal: p50 <= 3 round trips")
+            .label(label)
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
         chart
             .configure_series_labels()
