@@ -238,3 +238,40 @@ async fn callers_of_one_client_take_turns_instead_of_barging() {
         "acquisitions per task: {per_task:?}"
     );
 }
+
+/// A release is announced only when a waiter marked the key: one nobody waits for costs Redis
+/// no `PUBLISH`, and a waiter of another client is woken by the announcement (its 30 s lease
+/// fallback could not fire within its 10 s wait).
+#[tokio::test]
+async fn a_release_is_announced_only_when_someone_waits() {
+    use common::{command_calls, get};
+    let server = RedisServer::start();
+    let (holder, waiter) = (fast_client(&server).await, fast_client(&server).await);
+    let publishes = command_calls(&server, "publish");
+    let lease = holder.acquire("announce:1", opts(30_000)).await.unwrap();
+    assert_eq!(
+        get(&server, "announce:1").await.as_deref(),
+        Some(lease.token())
+    );
+    lease.release().await.unwrap();
+    assert_eq!(
+        command_calls(&server, "publish"),
+        publishes,
+        "nobody waited"
+    );
+
+    let lease = holder.acquire("announce:1", opts(30_000)).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let options = opts(1_000).wait(Duration::from_secs(10));
+        waiter.run_locked("announce:1", options, async {}).await
+    });
+    waiter_subscribed(&server, "announce:1").await;
+    let marked = format!("{}+", lease.token());
+    common::eventually(Duration::from_secs(5), "the key marked", || async {
+        get(&server, "announce:1").await.as_deref() == Some(marked.as_str())
+    })
+    .await;
+    lease.release().await.unwrap();
+    waiting.await.unwrap().expect("woken by the announcement");
+    assert_eq!(command_calls(&server, "publish"), publishes + 1);
+}

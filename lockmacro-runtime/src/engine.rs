@@ -285,7 +285,8 @@ impl Engine {
         // A fair waiter keeps its place in the queue from its first attempt. An exclusive
         // lock's first attempt is a plain `SET NX` (most find the key free, and no earlier
         // attempt of this token left a claim to clear); from its second attempt a writer that
-        // waits on readers also keeps new readers out.
+        // waits on readers also keeps new readers out, and a busy key is marked as waited for
+        // (its release is announced only then).
         let mut keeps_place = options.fair || options.kind != LockKind::Exclusive;
         if options.kind == LockKind::Exclusive && !options.fair && self.waits.anyone_waits(&key) {
             // Others of this client already wait for the key: queue behind them rather than
@@ -308,6 +309,9 @@ impl Engine {
                 Ok(Parked::NewToken) => token = new_token(),
                 Err(()) => return Err(LockError::ShutDown { key }),
             }
+            // Subscribed already: an attempt that finds the key busy marks it, so that its
+            // holder's release is announced.
+            keeps_place = true;
         }
         loop {
             let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);

@@ -100,7 +100,6 @@ struct Run {
     handoffs_in_rtts: Vec<f64>,
     handoff_p50: f64,
     rtt: Duration,
-    requests_per_acquisition: f64,
     commands_per_acquisition: f64,
 }
 
@@ -143,9 +142,8 @@ async fn run(
     }
     let after = CommandStats::read(&mut stats_connection).await;
     let log = std::mem::take(&mut *turns.0.lock().expect("turn log"));
-    let requests = after.client_requests_since(&before);
     let commands = after.commands_since(&before);
-    summarise(&log.turns, deadline, RUN, rtt, requests, commands)
+    summarise(&log.turns, deadline, RUN, rtt, commands)
 }
 
 fn summarise(
@@ -153,10 +151,9 @@ fn summarise(
     deadline: Instant,
     window: Duration,
     rtt: Duration,
-    requests: u64,
     commands: u64,
 ) -> Run {
-    // Rates count turns begun inside the window; requests are over every turn, the drain too.
+    // Rates count turns begun inside the window; commands are over every turn, the drain too.
     let inside: Vec<&Turn> = turns.iter().filter(|t| t.entered < deadline).collect();
     let seconds = window.as_secs_f64();
     let mut per_task = [0u32; TASKS];
@@ -183,7 +180,6 @@ fn summarise(
         handoff_p50: percentile(&handoffs, 0.5),
         handoffs_in_rtts: handoffs.iter().map(|h| h / rtt_us).collect(),
         rtt,
-        requests_per_acquisition: requests as f64 / turns.len().max(1) as f64,
         commands_per_acquisition: commands as f64 / turns.len().max(1) as f64,
     }
 }
@@ -291,15 +287,6 @@ pub async fn contended(report: &mut Report) {
         );
         let p99 = figure(|r| percentile(&r.handoffs_in_rtts, 0.99));
         report.add("W3", name, "handoff p99 in round trips", p99, "RTT", None);
-        let requests = figure(|r| r.requests_per_acquisition);
-        report.add(
-            "W3",
-            name,
-            "Redis requests per acquisition",
-            requests,
-            "",
-            None,
-        );
         report.add_runs(
             "W3",
             name,

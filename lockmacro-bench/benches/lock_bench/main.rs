@@ -75,9 +75,8 @@ fn main() {
         load_average()
     ));
     report.note(
-        "Redis requests count what clients send (script calls, direct SETs, subscriptions, \
-         pings); Redis commands count every command Redis ran, those scripts run inside it \
-         included (INFO commandstats). CPU per cycle is this process's and the redis-server \
+        "Redis commands count every command Redis ran, those scripts run inside it included \
+         (INFO commandstats). CPU per cycle is this process's and the redis-server \
          process's, from /proc.",
     );
     print!("{}", report.markdown());

@@ -107,33 +107,6 @@ impl CommandStats {
             .map(|command| self.since(before, command))
             .sum()
     }
-
-    /// Requests the clients sent between `before` and `self`.
-    ///
-    /// `INFO commandstats` also counts the commands that scripts run inside Redis, so those are
-    /// taken out: every `GET` here runs inside a compare-and-delete, hand-over or extend script
-    /// (one per script call; no client in the benchmark sends `GET`), and every script call that
-    /// runs no `GET` is an acquire script, which runs exactly one `SET`. Every `PUBSUB NUMSUB`
-    /// runs inside a hand-over that found its token, which then runs one `SET` (it releases
-    /// instead only when another client waits, which the workloads counting requests do not
-    /// have). So the `SET`s sent by clients are `set − (evalsha + eval − get) − numsub`, and the
-    /// requests are the script calls, those `SET`s, and the script loads, subscriptions and
-    /// pings. `DEL`, `PUBLISH`, `PTTL` and `PEXPIRE` only run inside scripts; the benchmark's own
-    /// `INFO` is left out.
-    pub fn client_requests_since(&self, before: &CommandStats) -> u64 {
-        let calls = |command| self.since(before, command);
-        let scripts = calls("evalsha") + calls("eval");
-        let acquire_scripts = scripts.saturating_sub(calls("get"));
-        let direct_sets = calls("set")
-            .saturating_sub(acquire_scripts)
-            .saturating_sub(calls("pubsub|numsub"));
-        scripts
-            + direct_sets
-            + calls("script|load")
-            + calls("subscribe")
-            + calls("unsubscribe")
-            + calls("ping")
-    }
 }
 
 /// The process id of the server `connection` talks to, from `INFO server`.

@@ -256,7 +256,7 @@ impl Store for ClusterStore {
                             fencing_token: None,
                         },
                         // A SET that redis-rs retried after it had landed: ours.
-                        Some(token) if token == request.token => Acquired::Taken {
+                        Some(token) if scripts::holds(&token, request.token) => Acquired::Taken {
                             fencing_token: None,
                         },
                         Some(_) => Acquired::Busy { remaining: None },

@@ -46,6 +46,12 @@ pub(crate) fn set_nx(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
     cmd
 }
 
+/// Whether `value`, read from an exclusive lock's key, is `token`'s: as it was set, or with the
+/// `+` a waiter adds so that its release is announced (see `scripts/acquire.lua`).
+pub(crate) fn holds(value: &str, token: &str) -> bool {
+    value.strip_suffix('+').unwrap_or(value) == token
+}
+
 /// `SET key token NX PX ttl GET` (Redis 7): as [`set_nx`], but the reply tells a retried `SET`
 /// that already landed (our own token comes back) from another holder's key.
 pub(crate) fn set_nx_get(key: &str, token: &str, ttl: Duration) -> redis::Cmd {

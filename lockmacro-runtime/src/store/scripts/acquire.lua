@@ -10,7 +10,9 @@
 -- ARGV[6] = '1' when fair; ARGV[7] = '1' when the caller will wait; ARGV[8] = how long a
 -- waiter's place in the fair queue lasts unless it comes back, ms.
 --
--- An exclusive lock is a string (its holder's token). Readers and permit holders share a hash:
+-- An exclusive lock is a string: its holder's token, followed by '+' once a caller that waits
+-- found it busy, so that its release announces itself (one nobody waits for announces
+-- nothing). Readers and permit holders share a hash:
 -- field `kind` says which ('read' or 'permits:N'), and each holder has a field of its own, its
 -- token, holding its own expiry (ms, server clock), so each lease lives and ends on its own.
 --
@@ -58,6 +60,12 @@ local function queue_head()
 end
 
 local function busy(remaining)
+  if waiting then
+    local holder = redis.pcall('GET', key)
+    if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
+      redis.call('APPEND', key, '+')
+    end
+  end
   if fair and waiting then
     local life = tonumber(ARGV[8])
     if redis.call('HSET', KEYS[4], token, ms(now + life)) == 1 then
@@ -85,10 +93,17 @@ if ktype == 'hash' then
   end
 end
 
+-- Whether the key holds `token` (marked or not): a call retried after it already ran.
+local function ours()
+  local holder = redis.call('GET', key)
+  return holder == token or holder == token .. '+'
+end
+
 if kind == 'x' then
   if ktype == 'none' then
-    redis.call('SET', key, token, 'PX', ttl)
-  elseif not (ktype == 'string' and redis.call('GET', key) == token) then
+    -- Fair waiters all look at each release: a fair holder's is always announced.
+    redis.call('SET', key, fair and (token .. '+') or token, 'PX', ttl)
+  elseif not (ktype == 'string' and ours()) then
     if ktype == 'hash' and waiting then
       -- A writer waiting on readers keeps new readers out, so readers cannot starve it.
       redis.call('ZADD', KEYS[5], ms(now + ttl), token)

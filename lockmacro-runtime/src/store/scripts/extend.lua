@@ -11,7 +11,8 @@ for i, key in ipairs(KEYS) do
   local token, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   extended[i] = 0
   local holder = redis.pcall('GET', key)
-  if holder == token then
+  -- Ours, or ours marked by a waiter (see acquire.lua).
+  if holder == token or holder == token .. '+' then
     redis.call('PEXPIRE', key, ttl)
     extended[i] = 1
   elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash' then

@@ -1,24 +1,27 @@
 -- Pass an exclusive lock straight to the next holder, a waiter of the same client: while the
 -- key still holds our token, it gets the next holder's token and ttl, with no moment free and
--- nothing announced. When another client is subscribed to the key's releases (one of its
--- callers waits too), the lock is released and announced instead, so a busy client cannot keep
--- a key to itself.
+-- nothing announced. When a waiter marked the key (our token followed by '+', see acquire.lua)
+-- and another client is subscribed to the key's releases (one of its callers waits too), the
+-- lock is released and announced instead, so a busy client cannot keep a key to itself.
 -- KEYS[1] = lock key; ARGV[1] = our token; ARGV[2] = the next holder's token; ARGV[3] = its ttl
 -- in ms; ARGV[4] = the release channel; ARGV[5] = 'NUMSUB' or 'SHARDNUMSUB' (how to count the
 -- channel's subscribers); ARGV[6] = 'PUBLISH' or 'SPUBLISH' (how to announce).
 -- Returns 1 when handed over, 2 when released and announced instead, 0 when the key was not
 -- ours (nothing changed).
 local key, token = KEYS[1], ARGV[1]
-if redis.pcall('GET', key) ~= token then
-  return 0
-end
--- Our own client's subscription is one; any other is another client waiting. A user the ACL
--- does not allow to count subscribers gets a plain release and announcement.
-local subscribers = redis.pcall('PUBSUB', ARGV[5], ARGV[4])
-if subscribers.err or subscribers[2] > 1 then
-  redis.call('DEL', key)
-  redis.call(ARGV[6], ARGV[4], token)
-  return 2
+local holder = redis.pcall('GET', key)
+if holder ~= token then
+  if holder ~= token .. '+' then
+    return 0
+  end
+  -- Our own client's subscription is one; any other is another client waiting. A user the
+  -- ACL does not allow to count subscribers gets a plain release and announcement.
+  local subscribers = redis.pcall('PUBSUB', ARGV[5], ARGV[4])
+  if subscribers.err or subscribers[2] > 1 then
+    redis.call('DEL', key)
+    redis.call(ARGV[6], ARGV[4], token)
+    return 2
+  end
 end
 redis.call('SET', key, ARGV[2], 'PX', ARGV[3])
 return 1

@@ -1,5 +1,7 @@
 -- Release one lease, only while it is still held by its token, and tell waiters: an exclusive
 -- lock's key is deleted; a shared lock's holder leaves, and the key goes with its last holder.
+-- An exclusive lock is announced only when a waiter marked it (its token followed by '+', see
+-- acquire.lua): a release nobody waits for costs no PUBLISH.
 -- KEYS[1] = lock key; ARGV[1] = our token; ARGV[2] = the release channel;
 -- ARGV[3] = how to announce: 'PUBLISH', or 'SPUBLISH' for a sharded channel in a cluster.
 -- The message is the released token, which tells one release from the next.
@@ -8,6 +10,9 @@
 local key, token = KEYS[1], ARGV[1]
 local holder = redis.pcall('GET', key)
 if holder == token then
+  redis.call('DEL', key)
+  return 1
+elseif holder == token .. '+' then
   redis.call('DEL', key)
 elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
     and redis.call('HDEL', key, token) == 1 then
