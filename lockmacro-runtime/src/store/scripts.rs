@@ -202,3 +202,18 @@ fn evalsha(script: &Script, keys: usize, more_args: usize, more_bytes: usize) ->
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
 }
+
+#[cfg(test)]
+mod tests {
+    use super::holds;
+
+    #[test]
+    fn a_key_holds_its_token_marked_or_not_and_nothing_else() {
+        let token = "0123456789abcdef0123456789abcdef";
+        assert!(holds(token, token));
+        assert!(holds(&format!("{token}+"), token));
+        assert!(!holds(&format!("{token}++"), token));
+        assert!(!holds("0123456789abcdef0123456789abcdee", token));
+        assert!(!holds("", token));
+    }
+}
