@@ -4,65 +4,13 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{command_calls, eventually, fast_client, get, opts};
+use common::{Log, command_calls, eventually, fast_client, get, opts};
 use lockmacro_runtime::{LockClient, LockContext};
 use testkit::{Fault, FaultProxy, RedisServer};
 use tokio::sync::oneshot;
-use tracing_subscriber::fmt::MakeWriter;
-
-/// The library's debug log, kept in memory: how a test learns that a waiter is parked.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Log {
-    /// Captures the debug events of this thread (the test's current-thread runtime) until the
-    /// guard drops.
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let log = Self::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(log.clone())
-            .finish();
-        (log, tracing::subscriber::set_default(subscriber))
-    }
-
-    fn count(&self, needle: &str) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .matches(needle)
-            .count()
-    }
-
-    async fn seen(&self, needle: &str) {
-        eventually(Duration::from_secs(5), needle, || async {
-            self.count(needle) > 0
-        })
-        .await;
-    }
-}
-
-impl Write for Log {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Log {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 const PARKED: &str = "waiting for a release of this client to hand the lock over";
 const HANDING: &str = "handing the lock to the next waiter of this client";
@@ -79,7 +27,7 @@ fn subscribers(server: &RedisServer, key: &str) -> i64 {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_without_freeing_it() {
-    let (log, _guard) = Log::capture();
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let server = RedisServer::start();
     let locks = fast_client(&server).await;
     let held = locks.acquire("handover:1", opts(5_000)).await.unwrap();
@@ -129,7 +77,7 @@ async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_without_freeing
 
 #[tokio::test(flavor = "current_thread")]
 async fn with_a_waiter_in_another_client_the_lock_is_released_and_announced_instead() {
-    let (log, _guard) = Log::capture();
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let server = RedisServer::start();
     let (here, there) = (fast_client(&server).await, fast_client(&server).await);
     let held = here.acquire("handover:2", opts(5_000)).await.unwrap();
@@ -212,7 +160,7 @@ async fn a_busy_client_does_not_keep_a_key_from_another_client() {
 /// to it is released at once, not left to expire.
 #[tokio::test(flavor = "current_thread")]
 async fn a_waiter_cancelled_while_being_handed_the_lock_has_it_released() {
-    let (log, _guard) = Log::capture();
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
     let locks = LockClient::builder(&proxy.url())
@@ -253,7 +201,7 @@ async fn a_waiter_cancelled_while_being_handed_the_lock_has_it_released() {
 /// its locks pass to its waiters: the release is announced instead of handed over, no error.
 #[tokio::test(flavor = "current_thread")]
 async fn without_pubsub_numsub_in_the_acl_a_release_announces_instead() {
-    let (log, _guard) = Log::capture();
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let server = RedisServer::start();
     let granted = server.command(&[
         "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-pubsub",

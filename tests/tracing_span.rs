@@ -3,45 +3,12 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-use common::{fast_client, opts};
+use common::{Log, fast_client, opts};
 use testkit::RedisServer;
-use tracing_subscriber::fmt::MakeWriter;
-
-/// Log output kept in memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_log_line_inside_locked_work_carries_the_key() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(captured.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (log, _guard) = Log::capture(tracing::Level::INFO);
 
     let server = RedisServer::start();
     let locks = fast_client(&server).await;
@@ -53,7 +20,7 @@ async fn a_log_line_inside_locked_work_carries_the_key() {
         .unwrap();
     tracing::info!("after the lock");
 
-    let output = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let output = log.text();
     let inside = output
         .lines()
         .find(|line| line.contains("sending the invoice"))

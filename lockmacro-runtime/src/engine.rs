@@ -88,16 +88,6 @@ impl Drop for Handed {
     }
 }
 
-/// How a parked waiter came back.
-enum Parked {
-    /// A release was heard, or the wait timed out: look again.
-    Look,
-    /// A release of this client handed it the lock.
-    Handed(Arc<LeaseState>),
-    /// A hand-over to it got no answer: look again with a new token.
-    NewToken,
-}
-
 /// Whether an acquisition found the lock busy before it took it: its wait is zero otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waited {
@@ -303,11 +293,11 @@ impl Engine {
             let turn = polls
                 .next_delay()
                 .min(give_up.saturating_duration_since(Instant::now()));
-            match self.park(joined, &key, &token, options, turn, heard).await {
-                Ok(Parked::Look) => {}
-                Ok(Parked::Handed(lease)) => return Ok((lease, waited)),
-                Ok(Parked::NewToken) => token = new_token(),
-                Err(()) => return Err(LockError::ShutDown { key }),
+            if let Some(lease) = self
+                .park(joined, &key, &mut token, options, turn, heard)
+                .await?
+            {
+                return Ok((lease, waited));
             }
             // Subscribed already: an attempt that finds the key busy marks it, so that its
             // holder's release is announced.
@@ -360,29 +350,27 @@ impl Engine {
                 fallback = fallback.min(options.ttl.max(Duration::from_secs(1)) / 3);
             }
             let left = give_up.saturating_duration_since(Instant::now());
-            let parked = self.park(ticket, &key, &token, options, fallback.min(left), heard);
-            match parked.await {
-                Ok(Parked::Look) => {}
-                Ok(Parked::Handed(lease)) => return Ok((lease, waited)),
-                Ok(Parked::NewToken) => token = new_token(),
-                Err(()) => return Err(LockError::ShutDown { key }),
+            let parked = self.park(ticket, &key, &mut token, options, fallback.min(left), heard);
+            if let Some(lease) = parked.await? {
+                return Ok((lease, waited));
             }
         }
     }
 
     /// Waits for a release of the key (heard since `heard`), at most `fallback`. A waiter that
     /// asks for nothing but the exclusive lock also offers to be handed it by a release of this
-    /// client, saving the release's announcement and its own `SET`. `Err` when the client shuts
-    /// down.
+    /// client, saving the release's announcement and its own `SET`: `Some` is the lease handed
+    /// to it. A hand-over that got no answer leaves `token` given up and replaced. `ShutDown`
+    /// when the client shuts down.
     async fn park(
         &self,
         ticket: &Ticket<'_>,
         key: &str,
-        token: &str,
+        token: &mut String,
         options: &LockOptions,
         fallback: Duration,
         heard: u64,
-    ) -> Result<Parked, ()> {
+    ) -> Result<Option<Arc<LeaseState>>, LockError> {
         let takes_hand_over = options.kind == LockKind::Exclusive
             && !options.fair
             && !options.fencing
@@ -392,24 +380,27 @@ impl Engine {
             let settled = tokio::select! {
                 () = ticket.released_or(fallback, heard) => None,
                 handing = Offer::settled(&mut offer) => Some(handing),
-                () = self.closing.cancelled() => return Err(()),
+                () = self.closing.cancelled() => {
+                    return Err(LockError::ShutDown { key: key.to_owned() });
+                }
             };
             let handing = match (settled, offer.take()) {
                 (Some(handing), _) => handing,
-                (None, None) => return Ok(Parked::Look),
+                (None, None) => return Ok(None),
                 (None, Some(offer)) => match offer.withdraw().await {
                     Some(handing) => handing,
-                    None => return Ok(Parked::Look),
+                    None => return Ok(None),
                 },
             };
             match handing {
-                Handing::Handed(handed) => return Ok(Parked::Handed(handed.take())),
-                Handing::Look => return Ok(Parked::Look),
+                Handing::Handed(handed) => return Ok(Some(handed.take())),
+                Handing::Look => return Ok(None),
                 // Wait for the announcement of that release (or the fallback).
                 Handing::Declined => {}
                 Handing::Uncertain => {
                     self.give_up_token(key, token, options);
-                    return Ok(Parked::NewToken);
+                    *token = new_token();
+                    return Ok(None);
                 }
             }
         }

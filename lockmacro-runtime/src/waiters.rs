@@ -213,9 +213,7 @@ impl WaitQueue {
             prefix,
         }
     }
-}
 
-impl WaitQueue {
     /// The longest-parked waiter of this client that offered to be handed `key`, taken out of
     /// the queue: the caller must [`tell`](Candidate::tell) it what became of its offer. None
     /// while readers or fair waiters of this client wait for the key: a release is theirs to

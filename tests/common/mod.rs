@@ -2,12 +2,15 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::future::Future;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockmacro_runtime::{Lease, LockClient, LockContext, LockError, LockOptions};
 use redis::AsyncCommands;
 use testkit::RedisServer;
 use tokio::sync::oneshot;
+use tracing_subscriber::fmt::MakeWriter;
 
 /// A client with a fast scan, so renewal tests take a fraction of a second per lease.
 pub async fn fast_client(server: &RedisServer) -> LockClient {
@@ -425,4 +428,58 @@ pub async fn lock_round_trip(locks: &LockClient, server: &RedisServer, namespace
         .expect("woken by the release, not the 30 s lease")
         .unwrap()
         .unwrap();
+}
+
+/// Log output kept in memory: what a test reads to see what was logged, or awaits to learn that
+/// something happened.
+#[derive(Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Log {
+    /// Captures the events of this thread (a current-thread runtime's) up to `level`, until the
+    /// guard drops.
+    pub fn capture(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        let log = Self::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(log.clone())
+            .finish();
+        (log, tracing::subscriber::set_default(subscriber))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    pub fn count(&self, needle: &str) -> usize {
+        self.text().matches(needle).count()
+    }
+
+    /// Waits (at most 5 s) until `needle` has been logged.
+    pub async fn seen(&self, needle: &str) {
+        eventually(Duration::from_secs(5), needle, || async {
+            self.count(needle) > 0
+        })
+        .await;
+    }
+}
+
+impl Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Log {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
 }

@@ -216,19 +216,18 @@ impl RedisStore {
         }
     }
 
+    /// A script whose reply is a number, on this runtime's connection.
+    async fn run_script(&self, cmd: &redis::Cmd) -> Result<i64, StoreError> {
+        let mut lent = self.lend().await?;
+        let budget = self.settings().response_timeout;
+        self.send(&mut lent, Request::Cmd(cmd), budget)
+            .await
+            .map_err(SendError::into_store_error)
+    }
+
     /// Compare-and-delete on this runtime's connection.
     async fn release_here(&self, lease: LeaseRef<'_>) -> Result<bool, StoreError> {
-        let mut lent = self.lend().await?;
-        let cmd = self.release_cmd(lease);
-        let deleted: i64 = self
-            .send(
-                &mut lent,
-                Request::Cmd(&cmd),
-                self.settings().response_timeout,
-            )
-            .await
-            .map_err(SendError::into_store_error)?;
-        Ok(deleted == 1)
+        Ok(self.run_script(&self.release_cmd(lease)).await? == 1)
     }
 
     async fn hand_over_here(
@@ -236,18 +235,9 @@ impl RedisStore {
         lease: LeaseRef<'_>,
         next: LeaseRef<'_>,
     ) -> Result<HandOver, StoreError> {
-        let mut lent = self.lend().await?;
         let channel = self.settings().names.release_channel(lease.key);
         let cmd = scripts::hand_over(lease, next, &channel, Announce::Publish);
-        let outcome: i64 = self
-            .send(
-                &mut lent,
-                Request::Cmd(&cmd),
-                self.settings().response_timeout,
-            )
-            .await
-            .map_err(SendError::into_store_error)?;
-        Ok(match outcome {
+        Ok(match self.run_script(&cmd).await? {
             1 => HandOver::Handed,
             2 => HandOver::Released,
             _ => HandOver::NotOurs,

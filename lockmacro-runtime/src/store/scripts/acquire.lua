@@ -59,9 +59,13 @@ local function queue_head()
   end
 end
 
-local function busy(remaining)
+-- Busy: a caller that waits marks an exclusive holder's key (`holder`, the key's value when
+-- already read) and keeps its place in a fair queue.
+local function busy(remaining, holder)
   if waiting then
-    local holder = redis.pcall('GET', key)
+    if holder == nil then
+      holder = redis.pcall('GET', key)
+    end
     if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
       redis.call('APPEND', key, '+')
     end
@@ -93,23 +97,19 @@ if ktype == 'hash' then
   end
 end
 
--- Whether the key holds `token` (marked or not): a call retried after it already ran.
-local function ours()
-  local holder = redis.call('GET', key)
-  return holder == token or holder == token .. '+'
-end
-
 if kind == 'x' then
+  -- A string key holding `token` (marked or not) is a call retried after it already ran.
+  local holder = ktype == 'string' and redis.call('GET', key)
   if ktype == 'none' then
     -- Fair waiters all look at each release: a fair holder's is always announced.
     redis.call('SET', key, fair and (token .. '+') or token, 'PX', ttl)
-  elseif not (ktype == 'string' and ours()) then
+  elseif holder ~= token and holder ~= token .. '+' then
     if ktype == 'hash' and waiting then
       -- A writer waiting on readers keeps new readers out, so readers cannot starve it.
       redis.call('ZADD', KEYS[5], ms(now + ttl), token)
       redis.call('PEXPIRE', KEYS[5], ttl)
     end
-    return busy(redis.call('PTTL', key))
+    return busy(redis.call('PTTL', key), holder)
   end
   redis.call('ZREM', KEYS[5], token)
 else
