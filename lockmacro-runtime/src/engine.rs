@@ -2,11 +2,11 @@
 //! the watchdog, and released; shared by the client, its clones and every lease it handed out.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::background::Background;
 use crate::clock;
@@ -25,11 +25,34 @@ pub(crate) struct Engine {
     renewals: RenewalQueue,
     waits: WaitQueue,
     response_timeout: Duration,
-    /// Cancelled by [`shutdown`](Self::shutdown): no lock is taken or kept after it.
-    closing: CancellationToken,
+    /// Set by [`shutdown`](Self::shutdown): no lock is taken or kept after it.
+    closing: Closing,
     shutdown_timeout: Duration,
     /// Last: dropping it stops the watchdog and the subscriber.
     background: Background,
+}
+
+/// A client's shutdown: a flag that every call reads, and a token that waiters await. (Asking
+/// the token alone would take its mutex on every call, shared by every thread calling in.)
+#[derive(Default)]
+struct Closing {
+    closed: AtomicBool,
+    token: CancellationToken,
+}
+
+impl Closing {
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.token.cancel();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
 }
 
 /// The timing settings of a client.
@@ -105,7 +128,7 @@ impl Engine {
             waits: WaitQueue::start(store.clone(), &background),
             store,
             response_timeout: timing.response_timeout,
-            closing: CancellationToken::new(),
+            closing: Closing::default(),
             shutdown_timeout: timing.shutdown_timeout,
             background,
         }
@@ -115,7 +138,7 @@ impl Engine {
     /// [`LockError::ShutDown`]) and the calls waiting for a lock, releases every lease and waits
     /// for the confirmations, for at most the shutdown timeout. A second call finds nothing to do.
     pub(crate) async fn shutdown(&self) -> Result<(), LockError> {
-        self.closing.cancel();
+        self.closing.close();
         let leases: Vec<Arc<LeaseState>> = self
             .renewals
             .drain()
@@ -170,7 +193,7 @@ impl Engine {
 
     /// The error for a call on `key` after the shutdown began.
     fn shut(&self, key: &str) -> Result<(), LockError> {
-        if self.closing.is_cancelled() {
+        if self.closing.is_closed() {
             return Err(LockError::ShutDown {
                 key: key.to_owned(),
             });
@@ -209,7 +232,8 @@ impl Engine {
         options: &LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
         let prefix = Prefix::of(options.label, &key);
-        let started = Instant::now();
+        // Read only for a wait's metrics: a clock read is not free.
+        let started = options.wait.map(|_| Instant::now());
         let taken = self.take(key, options).await;
         let outcome = match &taken {
             Ok(_) => "acquired",
@@ -217,7 +241,7 @@ impl Engine {
             Err(_) => "error",
         };
         metrics::acquisition(&prefix, outcome);
-        if options.wait.is_some() {
+        if let Some(started) = started {
             let waited = match &taken {
                 Ok((_, Waited::No)) => Duration::ZERO,
                 _ => started.elapsed(),
@@ -237,7 +261,7 @@ impl Engine {
         self.shut(&key)?;
         self.background.ensure_running();
         let (lease, waited) = self.acquire_or_wait(key, options).await?;
-        if self.closing.is_cancelled() {
+        if self.closing.is_closed() {
             // Taken while the client shut down: give it back at once.
             if lease.claim_release() {
                 self.forget(&lease);
@@ -264,6 +288,18 @@ impl Engine {
                 }),
             };
         };
+        // Boxed: the waiting path's state machine is large, and inline it would make every
+        // caller's future as large, copied on each acquisition, waiting or not.
+        Box::pin(self.wait_for(key, options, wait)).await
+    }
+
+    /// Takes `key`, waiting at most `wait` for it.
+    async fn wait_for(
+        &self,
+        key: String,
+        options: &LockOptions,
+        wait: Duration,
+    ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         let give_up = clock::after(Instant::now(), wait);
         // One token for every attempt of this wait: it keeps its place in a fair queue and its
         // claim as a waiting writer. Only `Busy` leads to another attempt, and a busy attempt
@@ -474,10 +510,11 @@ impl Engine {
         self.renewals.deregister(lease.id);
         if lease.kind == LockKind::Exclusive
             && self.store.hands_over()
-            && !self.closing.is_cancelled()
+            && !self.closing.is_closed()
             && let Some(next) = self.waits.next_candidate(&lease.key)
         {
-            return self.hand_over(lease, next).await;
+            // Boxed, as the waiting path is: it stays out of every release's future.
+            return Box::pin(self.hand_over(lease, next)).await;
         }
         let released = metrics::timed("release", self.store.release(lease.lease_ref()))
             .await
@@ -584,10 +621,8 @@ fn next_lease_id() -> u64 {
 fn new_token() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bits = rand::random::<u128>();
-    (0..32)
-        .rev()
-        .map(|digit| char::from(HEX[(bits >> (digit * 4)) as usize & 0xf]))
-        .collect()
+    let digits: [u8; 32] = std::array::from_fn(|i| HEX[(bits >> ((31 - i) * 4)) as usize & 0xf]);
+    String::from_utf8(digits.to_vec()).expect("hex digits are ASCII")
 }
 
 /// Options that can only be refused at run time.
@@ -597,5 +632,23 @@ fn check(options: &LockOptions) -> Result<(), LockError> {
             message: "`permits` must be at least 1: a semaphore of no permits is never free".into(),
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_token;
+
+    #[test]
+    fn a_token_is_32_lowercase_hex_digits_and_fresh_each_time() {
+        let token = new_token();
+        assert_eq!(token.len(), 32);
+        assert!(
+            token
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{token}"
+        );
+        assert_ne!(token, new_token());
     }
 }

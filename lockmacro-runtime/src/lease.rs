@@ -101,7 +101,7 @@ impl Lease {
         let span = tracing::info_span!("lock", key = %state.key);
         let work = context::scope(state.clone(), work).instrument(span);
         let mut work = std::pin::pin!(work);
-        if !state.cancel.is_cancelled() && Instant::now() < state.deadline() {
+        if !state.is_cancelled() && Instant::now() < state.deadline() {
             // Work that finishes at its first poll needs neither a deadline timer nor a
             // cancellation waiter: arming them costs more than a short critical section.
             let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
@@ -113,7 +113,7 @@ impl Lease {
             loop {
                 tokio::select! {
                     biased;
-                    () = state.cancel.cancelled() => break,
+                    () = state.cancelled() => break,
                     () = &mut expiry => {
                         // An extension confirmed meanwhile moved the deadline: wait for it.
                         let deadline = state.deadline();

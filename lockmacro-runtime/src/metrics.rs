@@ -122,9 +122,11 @@ mod recorded {
         histogram!("lockmacro_wait_seconds", "prefix" => prefix.0.clone()).record(waited);
     }
 
-    pub(crate) fn held(prefix: &Prefix, held: Duration, end: End) {
+    /// `acquired_at` in the clock's nanos: the time is read only when metrics are recorded.
+    pub(crate) fn held(prefix: &Prefix, acquired_at: u64, end: End) {
+        let held = crate::clock::now().saturating_sub(acquired_at);
         histogram!("lockmacro_held_seconds", "prefix" => prefix.0.clone(), "end" => end.label())
-            .record(held);
+            .record(Duration::from_nanos(held));
     }
 
     pub(crate) fn renewal(prefix: &Prefix, result: &'static str) {
@@ -160,7 +162,7 @@ mod recorded {
     pub(crate) fn describe() {}
     pub(crate) fn acquisition(_: &Prefix, _: &'static str) {}
     pub(crate) fn waited(_: &Prefix, _: Duration) {}
-    pub(crate) fn held(_: &Prefix, _: Duration, _: End) {}
+    pub(crate) fn held(_: &Prefix, _: u64, _: End) {}
     pub(crate) fn renewal(_: &Prefix, _: &'static str) {}
     pub(crate) fn release(_: &Prefix, _: &'static str) {}
     pub(crate) fn leases(_: &Prefix, _: f64) {}

@@ -21,18 +21,36 @@ pub(crate) enum Driver {
 
 /// `Ok` when the current thread runs inside a tokio runtime that has `driver`.
 pub(crate) fn require(driver: Driver) -> Result<(), LockError> {
+    require_all(&[driver]).map(drop)
+}
+
+/// The current runtime's id, when the current thread runs inside a tokio runtime that has
+/// every driver in `drivers`. One call asks tokio for its handle once: each ask touches a
+/// count that every worker thread shares.
+pub(crate) fn require_all(drivers: &[Driver]) -> Result<Id, LockError> {
     thread_local! {
         static LAST_CHECKED: Cell<[Option<Id>; 2]> = const { Cell::new([None, None]) };
     }
-    let handle = Handle::try_current().map_err(|_| LockError::Config {
-        message: "lockmacro needs a tokio runtime; call it from async code running on tokio".into(),
-    })?;
-    let id = handle.id();
-    let slot = driver as usize;
+    let id = Handle::try_current()
+        .map_err(|_| LockError::Config {
+            message: "lockmacro needs a tokio runtime; call it from async code running on tokio"
+                .into(),
+        })?
+        .id();
     let mut last = LAST_CHECKED.get();
-    if last[slot] == Some(id) {
-        return Ok(());
+    for &driver in drivers {
+        let slot = driver as usize;
+        if last[slot] != Some(id) {
+            check(id, driver)?;
+            last[slot] = Some(id);
+        }
     }
+    LAST_CHECKED.set(last);
+    Ok(id)
+}
+
+/// `Ok` when runtime `id` has `driver`.
+fn check(id: Id, driver: Driver) -> Result<(), LockError> {
     if !verdict(id, driver) {
         let builder_call = match driver {
             Driver::Time => "enable_time()",
@@ -44,8 +62,6 @@ pub(crate) fn require(driver: Driver) -> Result<(), LockError> {
             ),
         });
     }
-    last[slot] = Some(id);
-    LAST_CHECKED.set(last);
     Ok(())
 }
 

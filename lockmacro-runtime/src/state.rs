@@ -3,11 +3,12 @@
 //! Lease times are nanoseconds on the engine's clock ([`crate::clock`]), kept in atomics so the
 //! watchdog can record an extension while the holder reads its deadline.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::clock;
 use crate::error::LockError;
@@ -30,8 +31,8 @@ pub(crate) struct LeaseState {
     pub(crate) timing: Timing,
     /// The metrics' `prefix` label.
     pub(crate) prefix: Prefix,
-    /// When it was taken, for how long it was held.
-    acquired_at: Instant,
+    /// When it was taken, for how long it was held (nanos).
+    acquired_at: u64,
     /// How the work under it ended has been recorded.
     end_recorded: AtomicBool,
     /// When the last confirmed acquire or extension was sent.
@@ -51,8 +52,10 @@ pub(crate) struct LeaseState {
     shut_down: AtomicBool,
     /// Someone (its guard, or the client's shutdown) has taken on releasing it.
     release_claimed: AtomicBool,
-    /// Cancelled when the lease is lost; the holder's work stops at its next `.await`.
-    pub(crate) cancel: CancellationToken,
+    /// Cancelled when the lease is lost or the client shuts down; the holder's work stops at
+    /// its next `.await`. Made on first use: most work ends before anyone waits on it, and a
+    /// token costs an allocation and a mutex.
+    cancel: OnceLock<CancellationToken>,
 }
 
 impl LeaseState {
@@ -77,7 +80,7 @@ impl LeaseState {
             fencing_token,
             timing: Timing::of(options.ttl),
             prefix,
-            acquired_at: Instant::now(),
+            acquired_at: sent_at,
             end_recorded: AtomicBool::new(false),
             confirmed_sent_at: AtomicU64::new(sent_at),
             renewals: AtomicU32::new(0),
@@ -88,7 +91,7 @@ impl LeaseState {
             finished: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             release_claimed: AtomicBool::new(false),
-            cancel: CancellationToken::new(),
+            cancel: OnceLock::new(),
         }
     }
 
@@ -180,20 +183,36 @@ impl LeaseState {
     /// The key was found gone or replaced: stop the work now.
     pub(crate) fn mark_lost(&self) {
         self.lost.store(true, Ordering::Release);
-        self.cancel.cancel();
+        self.cancel_work();
+    }
+
+    fn cancel_work(&self) {
+        self.cancel.get_or_init(CancellationToken::new).cancel();
+    }
+
+    /// Whether the work under it was told to stop (lost, or shut down).
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancel
+            .get()
+            .is_some_and(CancellationToken::is_cancelled)
+    }
+
+    /// Resolves once the work under it is told to stop.
+    pub(crate) fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.get_or_init(CancellationToken::new).cancelled()
     }
 
     /// Records how the work under it ended, and how long it held the lock: once.
     pub(crate) fn record_end(&self, end: End) {
         if !self.end_recorded.swap(true, Ordering::AcqRel) {
-            metrics::held(&self.prefix, self.acquired_at.elapsed(), end);
+            metrics::held(&self.prefix, self.acquired_at, end);
         }
     }
 
     /// The client shuts down: stop the work now; the shutdown releases the lease.
     pub(crate) fn shut_down(&self) {
         self.shut_down.store(true, Ordering::Release);
-        self.cancel.cancel();
+        self.cancel_work();
     }
 
     /// Takes on releasing it: `true` for the first to ask (its guard, or the client's shutdown).

@@ -108,6 +108,15 @@ pub(crate) enum Announce {
     ShardedPublish,
 }
 
+impl Announce {
+    /// The scripts' last argument: `sharded` for a sharded channel, nothing otherwise.
+    fn mark(self, cmd: &mut redis::Cmd) {
+        if self == Self::ShardedPublish {
+            cmd.arg("sharded");
+        }
+    }
+}
+
 /// What the acquire script's `{taken, value}` reply means: taken, with the fencing token when
 /// asked for; or busy, with the time until the key may be free when the script knows it.
 pub(crate) fn acquired(request: &AcquireRequest<'_>, (taken, value): (i64, i64)) -> Acquired {
@@ -128,15 +137,10 @@ pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) ->
         &RELEASE,
         1,
         4,
-        lease.key.len() + lease.token.len() + channel.len() + 8,
+        lease.key.len() + lease.token.len() + channel.len() + 7,
     );
-    cmd.arg(lease.key)
-        .arg(lease.token)
-        .arg(channel)
-        .arg(match announce {
-            Announce::Publish => "PUBLISH",
-            Announce::ShardedPublish => "SPUBLISH",
-        });
+    cmd.arg(lease.key).arg(lease.token).arg(channel);
+    announce.mark(&mut cmd);
     cmd
 }
 
@@ -151,20 +155,15 @@ pub(crate) fn hand_over(
     let mut cmd = evalsha(
         &HAND_OVER,
         1,
-        7,
-        lease.key.len() + lease.token.len() + next.token.len() + channel.len() + 40,
+        6,
+        lease.key.len() + lease.token.len() + next.token.len() + channel.len() + 27,
     );
-    let (count, publish) = match announce {
-        Announce::Publish => ("NUMSUB", "PUBLISH"),
-        Announce::ShardedPublish => ("SHARDNUMSUB", "SPUBLISH"),
-    };
     cmd.arg(lease.key)
         .arg(lease.token)
         .arg(next.token)
         .arg(millis(next.ttl))
-        .arg(channel)
-        .arg(count)
-        .arg(publish);
+        .arg(channel);
+    announce.mark(&mut cmd);
     cmd
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::runtime::{Handle, Id};
+use tokio::runtime::Id;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -60,9 +60,7 @@ impl<C: Clone> PerRuntime<C> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<C, StoreError>>,
     {
-        rt::require(Driver::Time)?;
-        rt::require(Driver::Io)?;
-        let runtime = Handle::current().id();
+        let runtime = rt::require_all(&[Driver::Time, Driver::Io])?;
         let opening = match self.ready(runtime)? {
             Ready::Lent(lent) => return Ok(lent),
             Ready::Open(opening) => opening,
@@ -72,7 +70,9 @@ impl<C: Clone> PerRuntime<C> {
         if let Ready::Lent(lent) = self.ready(runtime)? {
             return Ok(lent);
         }
-        let opened = open().await;
+        // Boxed: opening is rare and its future large; inline, every call's future would be as
+        // large (copied on each request, connection open or not).
+        let opened = Box::pin(open()).await;
         let mut slots = self.lock();
         let Some(slot) = slots.iter_mut().find(|slot| slot.runtime == runtime) else {
             // The runtime went away meanwhile; lend the connection for this one call.
@@ -107,6 +107,17 @@ impl<C: Clone> PerRuntime<C> {
     /// The live connection, a pause's error, or the turn to open one.
     fn ready(&self, runtime: Id) -> Result<Ready<C>, StoreError> {
         let mut slots = self.lock();
+        // The usual case first: this runtime (alive, since it runs us) has its connection.
+        if let Some((connection, generation)) = slots
+            .iter()
+            .find(|slot| slot.runtime == runtime)
+            .and_then(|slot| slot.live.as_ref())
+        {
+            return Ok(Ready::Lent(Lent {
+                connection: connection.clone(),
+                generation: *generation,
+            }));
+        }
         slots.retain(|slot| !slot.runtime_alive.is_closed());
         let slot = match slots.iter().position(|slot| slot.runtime == runtime) {
             Some(index) => &mut slots[index],
@@ -128,12 +139,6 @@ impl<C: Clone> PerRuntime<C> {
                 slots.last_mut().expect("just pushed")
             }
         };
-        if let Some((connection, generation)) = &slot.live {
-            return Ok(Ready::Lent(Lent {
-                connection: connection.clone(),
-                generation: *generation,
-            }));
-        }
         if let (Some(retry_at), Some(error)) = (slot.retry_at, &slot.last_error)
             && Instant::now() < retry_at
         {

@@ -295,7 +295,7 @@ impl Store for RedisStore {
         budget: Duration,
     ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
         Box::pin(async move {
-            let mut lent = self.lend().await?;
+            let lent = self.lend().await?;
             let plain = request.is_plain();
             let cmd = if plain {
                 scripts::set_nx(request.key, request.token, request.ttl)
@@ -306,7 +306,8 @@ impl Store for RedisStore {
             // lost, the guard undoes it on the same connection.
             let mut undo = UndoGuard {
                 store: self,
-                connection: Some(lent.connection.clone()),
+                lent,
+                armed: true,
                 abandoned: LeaseRef {
                     key: request.key,
                     token: request.token,
@@ -314,8 +315,9 @@ impl Store for RedisStore {
                     ttl: request.ttl,
                 },
             };
+            let lent = &mut undo.lent;
             let reply = if plain {
-                self.send::<SetNx>(&mut lent, Request::Cmd(&cmd), budget)
+                self.send::<SetNx>(lent, Request::Cmd(&cmd), budget)
                     .await
                     .map(|SetNx(taken)| {
                         if taken {
@@ -327,7 +329,7 @@ impl Store for RedisStore {
                         }
                     })
             } else {
-                self.send::<(i64, i64)>(&mut lent, Request::Cmd(&cmd), budget)
+                self.send::<(i64, i64)>(lent, Request::Cmd(&cmd), budget)
                     .await
                     .map(|reply| scripts::acquired(&request, reply))
             };
@@ -434,23 +436,26 @@ impl WeakRedisStore {
     }
 }
 
-/// Undoes a `SET` whose outcome is unknown unless disarmed once the reply is known.
+/// Undoes a `SET` whose outcome is unknown, on the connection that carried it, unless disarmed
+/// once the reply is known.
 struct UndoGuard<'a> {
     store: &'a RedisStore,
-    connection: Option<MultiplexedConnection>,
+    lent: Lent<MultiplexedConnection>,
+    armed: bool,
     abandoned: LeaseRef<'a>,
 }
 
 impl UndoGuard<'_> {
     fn disarm(&mut self) {
-        self.connection = None;
+        self.armed = false;
     }
 }
 
 impl Drop for UndoGuard<'_> {
     fn drop(&mut self) {
-        if let Some(connection) = self.connection.take() {
-            self.store.undo_acquire(connection, self.abandoned);
+        if self.armed {
+            self.store
+                .undo_acquire(self.lent.connection.clone(), self.abandoned);
         }
     }
 }

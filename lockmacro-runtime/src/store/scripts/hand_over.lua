@@ -4,8 +4,8 @@
 -- and another client is subscribed to the key's releases (one of its callers waits too), the
 -- lock is released and announced instead, so a busy client cannot keep a key to itself.
 -- KEYS[1] = lock key; ARGV[1] = our token; ARGV[2] = the next holder's token; ARGV[3] = its ttl
--- in ms; ARGV[4] = the release channel; ARGV[5] = 'NUMSUB' or 'SHARDNUMSUB' (how to count the
--- channel's subscribers); ARGV[6] = 'PUBLISH' or 'SPUBLISH' (how to announce).
+-- in ms; ARGV[4] = the release channel; ARGV[5] = 'sharded' for a cluster's sharded channel
+-- (counted by SHARDNUMSUB, announced by SPUBLISH), absent otherwise (NUMSUB, PUBLISH).
 -- Returns 1 when handed over, 2 when released and announced instead, 0 when the key was not
 -- ours (nothing changed).
 local key, token = KEYS[1], ARGV[1]
@@ -16,10 +16,11 @@ if holder ~= token then
   end
   -- Our own client's subscription is one; any other is another client waiting. A user the
   -- ACL does not allow to count subscribers gets a plain release and announcement.
-  local subscribers = redis.pcall('PUBSUB', ARGV[5], ARGV[4])
+  local sharded = ARGV[5] == 'sharded'
+  local subscribers = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', ARGV[4])
   if subscribers.err or subscribers[2] > 1 then
     redis.call('DEL', key)
-    redis.call(ARGV[6], ARGV[4], token)
+    redis.call(sharded and 'SPUBLISH' or 'PUBLISH', ARGV[4], token)
     return 2
   end
 end
