@@ -9,36 +9,47 @@ use std::time::Duration;
 
 use common::{Log, command_calls, eventually, fast_client, get, opts};
 use lockmacro_runtime::{LockClient, LockContext};
-use testkit::{Fault, FaultProxy, RedisServer};
+use testkit::{Fault, FaultProxy, RedisCluster, RedisServer};
 use tokio::sync::oneshot;
 
 const PARKED: &str = "waiting for a release of this client to hand the lock over";
 const HANDING: &str = "handing the lock to the next waiter of this client";
 
-fn subscribers(server: &RedisServer, key: &str) -> i64 {
-    match server.command(&["PUBSUB", "NUMSUB", &format!("lockmacro:released:{key}")]) {
+/// Subscribers of `key`'s release channel on `node`: `count` is `NUMSUB`, or `SHARDNUMSUB` for
+/// a cluster's sharded channel (the keys of the cluster tests carry a hash tag, so their channel
+/// is the prefix and the key as it is).
+fn subscribers(node: &RedisServer, count: &str, key: &str) -> i64 {
+    match node.command(&["PUBSUB", count, &format!("lockmacro:released:{key}")]) {
         redis::Value::Array(reply) => match reply.get(1) {
             Some(redis::Value::Int(count)) => *count,
-            other => panic!("PUBSUB NUMSUB count {other:?}"),
+            other => panic!("PUBSUB {count} count {other:?}"),
         },
-        other => panic!("PUBSUB NUMSUB answered {other:?}"),
+        other => panic!("PUBSUB {count} answered {other:?}"),
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_without_freeing_it() {
+async fn cluster_client(cluster: &RedisCluster) -> LockClient {
+    LockClient::cluster_builder(cluster.seed_urls())
+        .scan_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Holds `key` through `locks`, parks a second caller of the same client on it and releases:
+/// the waiter has the key at once with its own token and ttl, and `node` (the server of the
+/// key) saw no `DEL` and no `publish`.
+async fn assert_handed_over(locks: &LockClient, node: &RedisServer, key: &str, publish: &str) {
     let (log, _guard) = Log::capture(tracing::Level::DEBUG);
-    let server = RedisServer::start();
-    let locks = fast_client(&server).await;
-    let held = locks.acquire("handover:1", opts(5_000)).await.unwrap();
+    let held = locks.acquire(key, opts(5_000)).await.unwrap();
     let (entered, entered_rx) = oneshot::channel();
     let (leave, leave_rx) = oneshot::channel::<()>();
     let waiter = tokio::spawn({
-        let locks = locks.clone();
+        let (locks, key) = (locks.clone(), key.to_owned());
         async move {
             let options = opts(4_000).wait(Duration::from_secs(10));
             locks
-                .run_locked("handover:1", options, async move {
+                .run_locked(key, options, async move {
                     let token = LockContext::current().unwrap().token().to_owned();
                     entered.send(token).unwrap();
                     leave_rx.await.unwrap();
@@ -48,23 +59,16 @@ async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_without_freeing
     });
     log.seen(PARKED).await;
 
-    let (publishes, dels) = (
-        command_calls(&server, "publish"),
-        command_calls(&server, "del"),
-    );
+    let (publishes, dels) = (command_calls(node, publish), command_calls(node, "del"));
     let holder = held.token().to_owned();
     held.release().await.unwrap();
     let next = entered_rx.await.unwrap();
     assert_ne!(next, holder);
-    assert_eq!(get(&server, "handover:1").await, Some(next));
+    assert_eq!(get(node, key).await, Some(next));
     assert_eq!(log.count(HANDING), 1);
-    assert_eq!(
-        command_calls(&server, "publish"),
-        publishes,
-        "nothing announced"
-    );
-    assert_eq!(command_calls(&server, "del"), dels, "never deleted");
-    let ttl = match server.command(&["PTTL", "handover:1"]) {
+    assert_eq!(command_calls(node, publish), publishes, "nothing announced");
+    assert_eq!(command_calls(node, "del"), dels, "never deleted");
+    let ttl = match node.command(&["PTTL", key]) {
         redis::Value::Int(ms) => ms,
         other => panic!("PTTL answered {other:?}"),
     };
@@ -72,15 +76,34 @@ async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_without_freeing
 
     leave.send(()).unwrap();
     waiter.await.unwrap().unwrap();
-    assert_eq!(get(&server, "handover:1").await, None);
+    assert_eq!(get(node, key).await, None);
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn with_a_waiter_in_another_client_the_lock_is_released_and_announced_instead() {
-    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
+async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_without_freeing_it() {
     let server = RedisServer::start();
-    let (here, there) = (fast_client(&server).await, fast_client(&server).await);
-    let held = here.acquire("handover:2", opts(5_000)).await.unwrap();
+    let locks = fast_client(&server).await;
+    assert_handed_over(&locks, &server, "handover:1", "publish").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_cluster_a_release_hands_the_lock_to_a_waiter_of_the_same_client() {
+    let cluster = RedisCluster::start(3, 0);
+    let locks = cluster_client(&cluster).await;
+    let key = "{handover}:c1";
+    assert_handed_over(&locks, cluster.master_of(key), key, "spublish").await;
+}
+
+/// `here` holds `key` and one caller of each client waits for it: the release is announced
+/// (counted by `publish` on `node`, the server of the key) before anyone takes the lock.
+async fn assert_announced_for_another_client(
+    (here, there): (&LockClient, &LockClient),
+    node: &RedisServer,
+    key: &'static str,
+    (count, publish): (&str, &str),
+) {
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
+    let held = here.acquire(key, opts(5_000)).await.unwrap();
     let options = opts(5_000).wait(Duration::from_secs(10));
     let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
     let (leave, _) = tokio::sync::watch::channel(false);
@@ -91,7 +114,7 @@ async fn with_a_waiter_in_another_client_the_lock_is_released_and_announced_inst
                 entered.send(name).unwrap();
                 leave.wait_for(|go| *go).await.unwrap();
             };
-            locks.run_locked("handover:2", options, work).await
+            locks.run_locked(key, options, work).await
         })
     };
     let local = spawn_waiter(here.clone(), "here");
@@ -100,21 +123,43 @@ async fn with_a_waiter_in_another_client_the_lock_is_released_and_announced_inst
     eventually(
         Duration::from_secs(5),
         "both clients subscribed",
-        || async { subscribers(&server, "handover:2") == 2 },
+        || async { subscribers(node, count, key) == 2 },
     )
     .await;
 
-    let publishes = command_calls(&server, "publish");
+    let publishes = command_calls(node, publish);
     held.release().await.unwrap();
     let first = entries.recv().await.unwrap();
     assert_eq!(
-        command_calls(&server, "publish"),
+        command_calls(node, publish),
         publishes + 1,
         "the release was announced before {first} took the lock"
     );
     leave.send(true).unwrap();
     local.await.unwrap().unwrap();
     remote.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn with_a_waiter_in_another_client_the_lock_is_released_and_announced_instead() {
+    let server = RedisServer::start();
+    let (here, there) = (fast_client(&server).await, fast_client(&server).await);
+    let clients = (&here, &there);
+    assert_announced_for_another_client(clients, &server, "handover:2", ("NUMSUB", "publish"))
+        .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_cluster_a_waiter_in_another_client_gets_an_announcement_instead() {
+    let cluster = RedisCluster::start(3, 0);
+    let (here, there) = (
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    );
+    let key = "{handover}:c2";
+    let node = cluster.master_of(key);
+    let commands = ("SHARDNUMSUB", "spublish");
+    assert_announced_for_another_client((&here, &there), node, key, commands).await;
 }
 
 /// A client whose callers keep taking turns on a key does not keep it from another client's

@@ -9,7 +9,9 @@
 //! - a renewal tick sends one script call per slot, all at once: redis-rs writes those of one node
 //!   on that node's connection together, so a tick costs about one round trip per master;
 //! - releases are announced on sharded channels (`SPUBLISH`, Redis 7), heard through `SSUBSCRIBE`
-//!   on the node that owns the slot, and resubscribed by redis-rs after a failover or reshard;
+//!   on the node that owns the slot, and resubscribed by redis-rs after a failover or reshard; a
+//!   hand-over to a waiter of the same client counts other clients' waiters there too
+//!   (`PUBSUB SHARDNUMSUB`);
 //! - a script unknown to one node (`NOSCRIPT` from a promoted replica) is loaded on that node
 //!   alone, then the call is sent again.
 
@@ -27,8 +29,8 @@ use tokio::sync::mpsc;
 use super::redis::Settings;
 use super::scripts::{self, Announce};
 use super::{
-    AcquireNames, AcquireRequest, Acquired, BoxFuture, LeaseRef, ReleaseFeed, Released, Renewal,
-    Store, StoreError, TimedOut, Unreachable, release_until_settled,
+    AcquireNames, AcquireRequest, Acquired, BoxFuture, HandOver, LeaseRef, ReleaseFeed, Released,
+    Renewal, Store, StoreError, TimedOut, Unreachable, release_until_settled,
 };
 use crate::error::LockError;
 use crate::store::redis::connections::PerRuntime;
@@ -158,17 +160,27 @@ impl ClusterStore {
 
     async fn release_now(&self, lease: LeaseRef<'_>) -> Result<bool, StoreError> {
         let cmd = self.release_cmd(lease)?;
+        Ok(self.run_script(lease.key, &cmd).await? == 1)
+    }
+
+    async fn hand_over_now(
+        &self,
+        lease: LeaseRef<'_>,
+        next: LeaseRef<'_>,
+    ) -> Result<HandOver, StoreError> {
+        let channel = in_slot_of(lease.key, &self.settings().names.release_channel(""))?;
+        let cmd = scripts::hand_over(lease, next, &channel, Announce::ShardedPublish);
+        Ok(HandOver::from_reply(
+            self.run_script(lease.key, &cmd).await?,
+        ))
+    }
+
+    /// A script on `key`'s node whose reply is a number.
+    async fn run_script(&self, key: &str, cmd: &redis::Cmd) -> Result<i64, StoreError> {
         let mut connection = self.connection().await?;
-        let deleted: i64 = self
-            .send(
-                &mut connection,
-                lease.key,
-                &cmd,
-                self.settings().response_timeout,
-            )
+        self.send(&mut connection, key, cmd, self.settings().response_timeout)
             .await
-            .map_err(Sent::into_store_error)?;
-        Ok(deleted == 1)
+            .map_err(Sent::into_store_error)
     }
 
     /// Extends the leases of one slot with one script call.
@@ -326,6 +338,18 @@ impl Store for ClusterStore {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.release_now(lease))
+    }
+
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(self.hand_over_now(lease, next))
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {

@@ -145,6 +145,17 @@ pub(crate) enum HandOver {
     NotOurs,
 }
 
+impl HandOver {
+    /// What the hand-over script's reply means.
+    pub(crate) fn from_reply(reply: i64) -> Self {
+        match reply {
+            1 => Self::Handed,
+            2 => Self::Released,
+            _ => Self::NotOurs,
+        }
+    }
+}
+
 /// A held lease, as the store needs it to extend or release it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseRef<'a> {

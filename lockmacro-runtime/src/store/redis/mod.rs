@@ -237,11 +237,7 @@ impl RedisStore {
     ) -> Result<HandOver, StoreError> {
         let channel = self.settings().names.release_channel(lease.key);
         let cmd = scripts::hand_over(lease, next, &channel, Announce::Publish);
-        Ok(match self.run_script(&cmd).await? {
-            1 => HandOver::Handed,
-            2 => HandOver::Released,
-            _ => HandOver::NotOurs,
-        })
+        Ok(HandOver::from_reply(self.run_script(&cmd).await?))
     }
 
     fn release_cmd(&self, lease: LeaseRef<'_>) -> redis::Cmd {
