@@ -31,7 +31,8 @@ pub(crate) struct LeaseState {
     pub(crate) timing: Timing,
     /// The metrics' `prefix` label.
     pub(crate) prefix: Prefix,
-    /// When it was taken, for how long it was held (nanos).
+    /// When it was taken (the acquire's send, in the clock's nanos), for how long it was held:
+    /// the lease's time starts then, and no second clock read is needed.
     acquired_at: u64,
     /// How the work under it ended has been recorded.
     end_recorded: AtomicBool,
