@@ -16,7 +16,9 @@ use crate::options::{LockKind, LockOptions};
 use crate::renewal::RenewalQueue;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
-use crate::store::{AcquireRequest, Acquired, HandOver, LeaseRef, Store, release_until_settled};
+use crate::store::{
+    AcquireRequest, Acquired, HandOver, HandsOver, LeaseRef, Store, release_until_settled,
+};
 use crate::waiters::{Candidate, Offer, Ticket, WaitQueue};
 
 pub(crate) struct Engine {
@@ -410,7 +412,7 @@ impl Engine {
         let takes_hand_over = options.kind == LockKind::Exclusive
             && !options.fair
             && !options.fencing
-            && self.store.hands_over();
+            && self.store.hands_over().is_some();
         let mut offer = takes_hand_over.then(|| ticket.offer(token, options));
         loop {
             let settled = tokio::select! {
@@ -509,12 +511,12 @@ impl Engine {
     pub(crate) async fn release(self: &Arc<Self>, lease: &LeaseState) -> Result<bool, LockError> {
         self.renewals.deregister(lease.id);
         if lease.kind == LockKind::Exclusive
-            && self.store.hands_over()
+            && let Some(store) = self.store.hands_over()
             && !self.closing.is_closed()
             && let Some(next) = self.waits.next_candidate(&lease.key)
         {
             // Boxed, as the waiting path is: it stays out of every release's future.
-            return Box::pin(self.hand_over(lease, next)).await;
+            return Box::pin(self.hand_over(store, lease, next)).await;
         }
         let released = metrics::timed("release", self.store.release(lease.lease_ref()))
             .await
@@ -529,6 +531,7 @@ impl Engine {
     /// waits for the key too (then it is released and announced, and `next` looks again).
     async fn hand_over(
         self: &Arc<Self>,
+        store: &dyn HandsOver,
         lease: &LeaseState,
         next: Candidate,
     ) -> Result<bool, LockError> {
@@ -540,7 +543,7 @@ impl Engine {
         };
         tracing::debug!(key = %lease.key, "handing the lock to the next waiter of this client");
         let sent_at = clock::now();
-        let outcome = metrics::timed("release", self.store.hand_over(lease.lease_ref(), to)).await;
+        let outcome = metrics::timed("release", store.hand_over(lease.lease_ref(), to)).await;
         match outcome {
             Ok(HandOver::Handed) => {
                 metrics::release(&lease.prefix, "confirmed");

@@ -26,6 +26,9 @@ use crate::store::{ReleaseFeed, Store, StoreError};
 
 pub(crate) struct WaitQueue {
     keys: Arc<Keys>,
+    /// How many keys have waiters (entries of `keys`, counted under its lock), read without
+    /// the lock: a release while nobody of this client waits for anything takes no mutex.
+    waited_keys: std::sync::atomic::AtomicUsize,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -154,7 +157,11 @@ impl WaitQueue {
             };
             listener.run(received.clone(), stop)
         });
-        Self { keys, commands }
+        Self {
+            keys,
+            waited_keys: std::sync::atomic::AtomicUsize::new(0),
+            commands,
+        }
     }
 
     /// Opens the subscription connection now, so the first waiter pays nothing.
@@ -181,6 +188,8 @@ impl WaitQueue {
         let waiters = keys
             .entry(key.to_owned())
             .or_insert_with(|| {
+                self.waited_keys
+                    .fetch_add(1, std::sync::atomic::Ordering::Release);
                 Arc::new(KeyWaiters {
                     released: Notify::new(),
                     releases: std::sync::atomic::AtomicU64::new(0),
@@ -219,6 +228,9 @@ impl WaitQueue {
     /// while readers or fair waiters of this client wait for the key: a release is theirs to
     /// look at.
     pub(crate) fn next_candidate(&self, key: &str) -> Option<Candidate> {
+        if self.waited_keys.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return None;
+        }
         let waiters = lock(&self.keys).get(key)?.clone();
         if waiters.everyone.load(std::sync::atomic::Ordering::Acquire) > 0 {
             return None;
@@ -298,6 +310,9 @@ impl Drop for Ticket<'_> {
                 && Arc::ptr_eq(entry.get(), &self.waiters)
             {
                 entry.remove();
+                self.queue
+                    .waited_keys
+                    .fetch_sub(1, std::sync::atomic::Ordering::Release);
             }
             let _ = self.queue.commands.send(Command::Unwatch(self.key.clone()));
         }

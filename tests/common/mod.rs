@@ -433,7 +433,13 @@ pub async fn lock_round_trip(locks: &LockClient, server: &RedisServer, namespace
 /// Log output kept in memory: what a test reads to see what was logged, or awaits to learn that
 /// something happened.
 #[derive(Clone, Default)]
-pub struct Log(Arc<Mutex<Vec<u8>>>);
+pub struct Log(Arc<LogInner>);
+
+#[derive(Default)]
+pub struct LogInner {
+    text: Mutex<Vec<u8>>,
+    written: tokio::sync::Notify,
+}
 
 impl Log {
     /// Captures the events of this thread (a current-thread runtime's) up to `level`, until the
@@ -449,25 +455,34 @@ impl Log {
     }
 
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&self.0.text.lock().unwrap()).into_owned()
     }
 
     pub fn count(&self, needle: &str) -> usize {
         self.text().matches(needle).count()
     }
 
-    /// Waits (at most 5 s) until `needle` has been logged.
+    /// Waits (at most 5 s) until `needle` has been logged, woken by each write.
     pub async fn seen(&self, needle: &str) {
-        eventually(Duration::from_secs(5), needle, || async {
-            self.count(needle) > 0
-        })
-        .await;
+        let logged = async {
+            loop {
+                let written = self.0.written.notified();
+                if self.count(needle) > 0 {
+                    return;
+                }
+                written.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), logged)
+            .await
+            .unwrap_or_else(|_| panic!("not logged within 5 s: {needle}"));
     }
 }
 
 impl Write for Log {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
+        self.0.text.lock().unwrap().extend_from_slice(bytes);
+        self.0.written.notify_waiters();
         Ok(bytes.len())
     }
 

@@ -29,8 +29,8 @@ use tokio::sync::mpsc;
 use super::redis::Settings;
 use super::scripts::{self, Announce};
 use super::{
-    AcquireNames, AcquireRequest, Acquired, BoxFuture, HandOver, LeaseRef, ReleaseFeed, Released,
-    Renewal, Store, StoreError, TimedOut, Unreachable, release_until_settled,
+    AcquireNames, AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, ReleaseFeed,
+    Released, Renewal, Store, StoreError, TimedOut, Unreachable, release_until_settled,
 };
 use crate::error::LockError;
 use crate::store::redis::connections::PerRuntime;
@@ -340,16 +340,8 @@ impl Store for ClusterStore {
         Box::pin(self.release_now(lease))
     }
 
-    fn hands_over(&self) -> bool {
-        true
-    }
-
-    fn hand_over<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-        next: LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
-        Box::pin(self.hand_over_now(lease, next))
+    fn hands_over(&self) -> Option<&dyn HandsOver> {
+        Some(self)
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
@@ -389,6 +381,16 @@ impl Store for ClusterStore {
             .await
             .map(|_| ())
         })
+    }
+}
+
+impl HandsOver for ClusterStore {
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(self.hand_over_now(lease, next))
     }
 }
 

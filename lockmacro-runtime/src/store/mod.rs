@@ -49,27 +49,9 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// `false` when it was no longer ours.
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// Whether [`hand_over`](Self::hand_over) passes a lock on, rather than releasing it.
-    fn hands_over(&self) -> bool {
-        false
-    }
-
-    /// Passes an exclusive `lease` straight to `next` (a waiter of this client, same key): the
-    /// key gets `next`'s token and ttl with no moment free. When another client waits for the
-    /// key too, it is released and announced instead, as [`release`](Self::release) does; a
-    /// deployment that does not hand over always does that.
-    fn hand_over<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-        next: LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
-        let _ = next;
-        Box::pin(async move {
-            Ok(match self.release(lease).await? {
-                true => HandOver::Released,
-                false => HandOver::NotOurs,
-            })
-        })
+    /// The deployment's hand-over, if it has one; one that has none only releases.
+    fn hands_over(&self) -> Option<&dyn HandsOver> {
+        None
     }
 
     /// A subscription to release announcements, for waiters.
@@ -132,6 +114,18 @@ impl AcquireRequest<'_> {
 pub(crate) enum Acquired {
     Taken { fencing_token: Option<u64> },
     Busy { remaining: Option<Duration> },
+}
+
+/// A deployment that can pass a lock straight from its holder to the next.
+pub(crate) trait HandsOver: Send + Sync {
+    /// Passes an exclusive `lease` straight to `next` (a waiter of this client, same key): the
+    /// key gets `next`'s token and ttl with no moment free. When another client waits for the
+    /// key too, it is released and announced instead, as [`Store::release`] does.
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>>;
 }
 
 /// What a hand-over did.

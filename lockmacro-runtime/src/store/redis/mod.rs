@@ -14,8 +14,8 @@ use tokio::runtime::Handle;
 
 use super::scripts::{self, Announce};
 use super::{
-    AcquireRequest, Acquired, BoxFuture, HandOver, LeaseRef, Names, ReleaseFeed, Renewal, Store,
-    StoreError, TimedOut, Unreachable,
+    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, Names, ReleaseFeed,
+    Renewal, Store, StoreError, TimedOut, Unreachable,
 };
 
 pub(crate) mod connections;
@@ -380,16 +380,8 @@ impl Store for RedisStore {
         Box::pin(self.release_here(lease))
     }
 
-    fn hands_over(&self) -> bool {
-        true
-    }
-
-    fn hand_over<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-        next: LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
-        Box::pin(self.hand_over_here(lease, next))
+    fn hands_over(&self) -> Option<&dyn HandsOver> {
+        Some(self)
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
@@ -420,6 +412,16 @@ impl Store for RedisStore {
                 .map_err(SendError::into_store_error)?;
             Ok(())
         })
+    }
+}
+
+impl HandsOver for RedisStore {
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(self.hand_over_here(lease, next))
     }
 }
 
