@@ -172,6 +172,15 @@ fn cpu_from_stat(path: &str) -> Duration {
     Duration::from_secs_f64(ticks as f64 / per_second)
 }
 
+/// Heap bytes this process has allocated and not freed (glibc's `mallinfo2`, every arena):
+/// unlike resident memory, it does not read zero when freed memory of an earlier workload is
+/// reused.
+pub fn heap_in_use() -> u64 {
+    // SAFETY: `mallinfo2` has no preconditions; it only reads the allocator's counters.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
+}
+
 /// Resident memory of this process in bytes, from `/proc/self/statm`.
 pub fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
