@@ -6,7 +6,8 @@
 //! than the holder's remaining lease (jittered): that covers a holder that died without
 //! announcing anything, and any time the subscription is down. When subscribing fails the
 //! waiters are told at once (they fall back to that timing), and the subscription is reopened
-//! with backoff and every waited-for key subscribed again.
+//! with backoff and every waited-for key subscribed again; their waiters then look again, since
+//! a release may have gone by unheard meanwhile.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -461,6 +462,11 @@ impl Listener {
             Ok(feed) => {
                 self.feed = Some(feed);
                 self.backoff.reset();
+                // A release may have gone by unheard while there was no subscription: the
+                // waiters look again now rather than sleep out the holder's remaining lease.
+                for (_, waiters) in &watched {
+                    waiters.wake();
+                }
                 Ok(())
             }
             Err(error) => {
