@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockmacro_runtime::{LockClient, LockClientBuilder};
+use lockmacro_runtime::{LockClient, LockClientBuilder, protocol};
 use redis::AsyncCommands;
 
 use crate::{RedisCluster, RedisSentinel, RedisServer};
@@ -16,6 +16,12 @@ pub trait Deployment {
 
     /// A client of it that has done no I/O yet.
     fn unconnected_client(&self) -> LockClient;
+
+    /// A second client of the same deployment, as another process would have: its own
+    /// engine, waiters and subscription.
+    async fn another_client(&self) -> LockClient {
+        self.client().await
+    }
 
     /// The value stored under `key` (a holder's token), read around the library.
     async fn holder(&self, key: &str) -> Option<String>;
@@ -68,7 +74,7 @@ impl Deployment for SingleRedis {
     }
 
     async fn waiter_subscribed(&self, key: &str) {
-        let channel = format!("lockmacro:released:{key}");
+        let channel = protocol::Names::default().release_channel(key);
         subscribed(&[&self.server], "NUMSUB", &channel).await;
     }
 }
@@ -107,7 +113,7 @@ impl Deployment for Sentinel {
     }
 
     async fn waiter_subscribed(&self, key: &str) {
-        let channel = format!("lockmacro:released:{key}");
+        let channel = protocol::Names::default().release_channel(key);
         subscribed(&[self.deployment.master()], "NUMSUB", &channel).await;
     }
 }
@@ -130,12 +136,8 @@ impl Cluster {
     /// The release channel of `key`, in `key`'s slot as the library names it: the key itself
     /// after the prefix when its hash tag keeps the slot, else the key wrapped in braces.
     pub fn release_channel(&self, key: &str) -> String {
-        let plain = format!("lockmacro:released:{key}");
-        if self.cluster.slot_of(&plain) == self.cluster.slot_of(key) {
-            plain
-        } else {
-            format!("lockmacro:released:{{{key}}}")
-        }
+        protocol::Names::in_slot(key, protocol::Names::default().release_channel(""))
+            .expect("a key whose internal names can share its slot")
     }
 }
 
@@ -215,7 +217,7 @@ impl Deployment for Redlock {
     }
 
     async fn waiter_subscribed(&self, key: &str) {
-        let channel = format!("lockmacro:released:{key}");
+        let channel = protocol::Names::default().release_channel(key);
         let servers: Vec<&RedisServer> = self.servers.iter().collect();
         subscribed(&servers, "NUMSUB", &channel).await;
     }
@@ -249,6 +251,10 @@ impl InMemory {
 impl Deployment for InMemory {
     async fn client(&self) -> LockClient {
         self.locks.clone()
+    }
+
+    async fn another_client(&self) -> LockClient {
+        self.hooks().client()
     }
 
     fn unconnected_client(&self) -> LockClient {
@@ -291,9 +297,12 @@ fn unconnected(builder: LockClientBuilder) -> LockClient {
         .unwrap_or_else(|err| panic!("cannot build a client: {err}"))
 }
 
+/// The token holding the exclusive lock `key`, read through the library's protocol (a waiter's
+/// mark is not part of it).
 async fn get(server: &RedisServer, key: &str) -> Option<String> {
     let mut connection = server.connection().await;
-    connection.get(key).await.expect("GET")
+    let value: Option<String> = connection.get(key).await.expect("GET");
+    value.map(|value| protocol::holder_token(&value).to_owned())
 }
 
 /// Sets `key` to another owner's value, returned.

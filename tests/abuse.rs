@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::{assert_clean, fast_client, opts};
-use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, MAX_KEY_LEN};
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, MAX_KEY_LEN, protocol};
 use redis::AsyncCommands;
 use testkit::{FaultProxy, RedisServer};
 
@@ -147,7 +147,7 @@ async fn keys_that_look_like_lua_or_commands_are_inert() {
     let left = common::scan_keys(&server, "*").await;
     let locks_left: Vec<_> = left
         .iter()
-        .filter(|key| !key.starts_with("canary:") && !key.starts_with("lockmacro:fence:"))
+        .filter(|key| !key.starts_with("canary:") && !protocol::Names::default().is_internal(key))
         .collect();
     assert!(locks_left.is_empty(), "{locks_left:?}");
     assert_eq!(locks.held_leases(), 0);

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{assert_clean, lock_round_trip, opts};
-use lockmacro_runtime::{LockClient, LockError};
+use lockmacro_runtime::{LockClient, LockError, protocol};
 use testkit::RedisServer;
 
 /// A password-protected ACL user allowed only the keys and channels `locks:*`, with the client's
@@ -102,6 +102,9 @@ async fn acl_user_confined_to_locks_works_there_and_gets_noperm_elsewhere() {
     }
     assert_eq!(common::get(&server, "other:1").await, None);
     // The fencing counter outlives its locks, by design.
-    server.command(&["DEL", "locks:lm:fence:locks:acl"]);
+    server.command(&[
+        "DEL",
+        &protocol::Names::new("locks:lm").fencing_counter("locks:acl"),
+    ]);
     assert_clean(&server, &locks, "locks:*").await;
 }

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{assert_clean, client_for, dropped_at, get, opts, start_holder};
-use lockmacro_runtime::{LockContext, LockError, LockOptions};
+use lockmacro_runtime::{LockContext, LockError, LockOptions, protocol};
 use redis::AsyncCommands;
 use testkit::RedisServer;
 use tokio::sync::oneshot;
@@ -120,7 +120,8 @@ async fn script_flush_mid_hold_keeps_renewals_going() {
         .expect("the acquire script is reloaded too");
     assert!(fence.is_some());
     eprintln!("SCRIPT FLUSH: renewals went from {at_flush} to {at_end} within 1 s after the flush");
-    let _ = server.command(&["DEL", "lockmacro:fence:flush:2"]);
+    let counter = protocol::Names::default().fencing_counter("flush:2");
+    let _ = server.command(&["DEL", &counter]);
     assert_clean(&server, &locks, "flush:*").await;
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, get, opts, waiter_subscribed};
-use lockmacro_runtime::{LockClient, LockError};
+use lockmacro_runtime::{LockClient, LockError, protocol};
 use redis::AsyncCommands;
 use testkit::RedisServer;
 use tokio::time::Instant;
@@ -128,15 +128,15 @@ async fn a_release_unheard_while_the_subscription_was_down_is_looked_for_once_it
 }
 
 /// When the waiter next looks at `key`: a look of a waiter marks the holder's value (a trailing
-/// `+`, so that its release is announced); the mark is cleared here and awaited again.
+/// mark, so that its release is announced); the mark is cleared here and awaited again.
 async fn next_look(server: &RedisServer, key: &str) -> Instant {
     let value = get(server, key).await.expect("the key is held");
-    let holder = value.trim_end_matches('+');
+    let holder = protocol::holder_token(&value);
     server.command(&["SET", key, holder, "XX", "KEEPTTL"]);
     eventually(Duration::from_secs(5), "the waiter looks again", || async {
         get(server, key)
             .await
-            .is_some_and(|value| value.ends_with('+'))
+            .is_some_and(|value| protocol::is_waited_for(&value))
     })
     .await;
     Instant::now()

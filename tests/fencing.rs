@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{fast_client, opts};
-use lockmacro_runtime::LockContext;
+use lockmacro_runtime::{LockContext, protocol};
 use testkit::RedisServer;
 
 #[tokio::test]
@@ -46,7 +46,7 @@ async fn fencing_counters_expire_and_tokens_keep_increasing_across_an_expired_on
             .unwrap()
     };
     let first = fence().await;
-    let counter = "lockmacro:fence:fenced:3";
+    let counter = &protocol::Names::default().fencing_counter("fenced:3");
     let life = match server.command(&["PTTL", counter]) {
         redis::Value::Int(ms) => ms,
         other => panic!("PTTL {counter}: {other:?}"),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Log, command_calls, eventually, fast_client, get, opts};
-use lockmacro_runtime::{LockClient, LockContext};
+use lockmacro_runtime::{LockClient, LockContext, protocol};
 use testkit::{Fault, FaultProxy, RedisCluster, RedisServer};
 use tokio::sync::oneshot;
 
@@ -19,7 +19,11 @@ const HANDING: &str = "handing the lock to the next waiter of this client";
 /// a cluster's sharded channel (the keys of the cluster tests carry a hash tag, so their channel
 /// is the prefix and the key as it is).
 fn subscribers(node: &RedisServer, count: &str, key: &str) -> i64 {
-    match node.command(&["PUBSUB", count, &format!("lockmacro:released:{key}")]) {
+    match node.command(&[
+        "PUBSUB",
+        count,
+        &protocol::Names::default().release_channel(key),
+    ]) {
         redis::Value::Array(reply) => match reply.get(1) {
             Some(redis::Value::Int(count)) => *count,
             other => panic!("PUBSUB {count} count {other:?}"),
@@ -64,7 +68,12 @@ async fn assert_handed_over(locks: &LockClient, node: &RedisServer, key: &str, p
     held.release().await.unwrap();
     let next = entered_rx.await.unwrap();
     assert_ne!(next, holder);
-    assert_eq!(get(node, key).await, Some(next));
+    let value = get(node, key).await.expect("held");
+    assert_eq!(protocol::holder_token(&value), next);
+    assert!(
+        protocol::is_waited_for(&value),
+        "the waiter's mark stays on the key: whoever waits still hears the next release"
+    );
     assert_eq!(log.count(HANDING), 1);
     assert_eq!(command_calls(node, publish), publishes, "nothing announced");
     assert_eq!(command_calls(node, "del"), dels, "never deleted");

@@ -140,7 +140,12 @@ impl LockClient {
     /// ```
     #[cfg(feature = "test-util")]
     pub fn in_memory() -> Self {
-        let store = crate::store::memory::MemoryStore::default();
+        Self::over_memory(crate::store::memory::MemoryStore::default())
+    }
+
+    /// A client of its own over an in-memory `store`.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn over_memory(store: crate::store::memory::MemoryStore) -> Self {
         let scan_interval = Duration::from_secs(2);
         let response_timeout = Duration::from_secs(1);
         let engine = Engine::new(
@@ -277,6 +282,13 @@ impl LockClient {
     /// How many leases this client's watchdog is keeping alive right now.
     pub fn held_leases(&self) -> usize {
         self.engine.held_leases()
+    }
+
+    /// How many callers of this client (and its clones) are parked waiting for a release of
+    /// `key` right now: they found it busy and sleep until it is released, announced or not,
+    /// or until its holder's lease would have run out.
+    pub fn waiting(&self, key: &str) -> usize {
+        self.engine.parked_waiters(key)
     }
 }
 

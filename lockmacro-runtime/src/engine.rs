@@ -413,6 +413,7 @@ impl Engine {
             && !options.fair
             && !options.fencing
             && self.store.hands_over().is_some();
+        let _parked = ticket.park();
         let mut offer = takes_hand_over.then(|| ticket.offer(token, options));
         loop {
             let settled = tokio::select! {
@@ -521,8 +522,11 @@ impl Engine {
         let released = metrics::timed("release", self.store.release(lease.lease_ref()))
             .await
             .map_err(|error| error.into_lock_error(Some(&lease.key)));
-        if released.is_ok() {
+        if let Ok(deleted) = released {
             metrics::release(&lease.prefix, "confirmed");
+            if deleted {
+                self.waits.released_here(&lease.key, &lease.token);
+            }
         }
         released
     }
@@ -569,6 +573,7 @@ impl Engine {
             Ok(HandOver::Released) => {
                 metrics::release(&lease.prefix, "confirmed");
                 let _ = next.tell(Handing::Declined);
+                self.waits.released_here(&lease.key, &lease.token);
                 Ok(true)
             }
             Ok(HandOver::NotOurs) => {
@@ -596,10 +601,12 @@ impl Engine {
 
     fn retry_release(&self, lease: &Arc<LeaseState>) {
         metrics::release(&lease.prefix, "background");
-        let (store, lease) = (self.store.clone(), lease.clone());
+        let (store, lease, waker) = (self.store.clone(), lease.clone(), self.waits.waker());
         self.background.spawn(async move {
-            if !release_until_settled(store.as_ref(), lease.lease_ref()).await {
-                metrics::release(&lease.prefix, "failed");
+            match release_until_settled(store.as_ref(), lease.lease_ref()).await {
+                Some(true) => waker.released_here(&lease.key, &lease.token),
+                Some(false) => {}
+                None => metrics::release(&lease.prefix, "failed"),
             }
         });
     }
@@ -611,6 +618,11 @@ impl Engine {
 
     pub(crate) fn held_leases(&self) -> usize {
         self.renewals.len()
+    }
+
+    /// How many callers of this client are parked waiting for `key` now.
+    pub(crate) fn parked_waiters(&self, key: &str) -> usize {
+        self.waits.parked(key)
     }
 }
 

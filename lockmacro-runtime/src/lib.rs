@@ -89,3 +89,4 @@ pub use lockmacro::redis_lock;
 pub use options::{LockKind, LockOptions};
 #[cfg(feature = "test-util")]
 pub use store::memory::MemoryHooks;
+pub use store::protocol;

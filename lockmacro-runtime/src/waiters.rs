@@ -46,6 +46,11 @@ struct KeyWaiters {
     hearing: watch::Sender<Hearing>,
     /// Parked waiters a release of this client may hand the lock to, longest parked first.
     candidates: Mutex<VecDeque<Candidate>>,
+    /// Callers parked on a release of the key now.
+    parked: std::sync::atomic::AtomicUsize,
+    /// The token of this client's last release of the key: its waiters were woken already, so
+    /// the announcement of that release is no news.
+    released_here: Mutex<Option<String>>,
 }
 
 /// A parked waiter that offered to take the lock straight from a release of this client.
@@ -174,6 +179,28 @@ impl WaitQueue {
         outcome.await.unwrap_or(Ok(()))
     }
 
+    /// A lease of this client on `key` (held by `token`) was released: its waiters look again
+    /// now, whether or not the release is announced (a release's announcement depends on a
+    /// waiter's mark, which this client's own waiters need not rely on).
+    pub(crate) fn released_here(&self, key: &str, token: &str) {
+        if self.waited_keys.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return;
+        }
+        wake_after_release(&self.keys, key, token);
+    }
+
+    /// What wakes this client's waiters after a release made elsewhere (in the background).
+    pub(crate) fn waker(&self) -> ReleaseWaker {
+        ReleaseWaker(self.keys.clone())
+    }
+
+    /// How many callers of this client are parked waiting for `key` now.
+    pub(crate) fn parked(&self, key: &str) -> usize {
+        lock(&self.keys).get(key).map_or(0, |waiters| {
+            waiters.parked.load(std::sync::atomic::Ordering::Acquire)
+        })
+    }
+
     /// Whether callers of this client are waiting for `key`.
     pub(crate) fn anyone_waits(&self, key: &str) -> bool {
         let keys = lock(&self.keys);
@@ -198,6 +225,8 @@ impl WaitQueue {
                     everyone: std::sync::atomic::AtomicUsize::new(0),
                     hearing: watch::Sender::new(Hearing::Pending),
                     candidates: Mutex::new(VecDeque::new()),
+                    parked: std::sync::atomic::AtomicUsize::new(0),
+                    released_here: Mutex::new(None),
                 })
             })
             .clone();
@@ -280,6 +309,14 @@ impl Ticket<'_> {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Counts this caller as parked on the key until the returned value drops.
+    pub(crate) fn park(&self) -> Parked<'_> {
+        self.waiters
+            .parked
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Parked(&self.waiters)
+    }
+
     /// Waits for a release of the key, or `fallback`, whichever comes first; at once if one was
     /// heard since `heard` was read ([`releases_heard`](Self::releases_heard)).
     pub(crate) async fn released_or(&self, fallback: Duration, heard: u64) {
@@ -291,6 +328,36 @@ impl Ticket<'_> {
             return;
         }
         let _ = tokio::time::timeout(fallback, notified).await;
+    }
+}
+
+/// Wakes a client's waiters after one of its releases, from wherever the release ran.
+#[derive(Clone)]
+pub(crate) struct ReleaseWaker(Arc<Keys>);
+
+impl ReleaseWaker {
+    /// As [`WaitQueue::released_here`].
+    pub(crate) fn released_here(&self, key: &str, token: &str) {
+        wake_after_release(&self.0, key, token);
+    }
+}
+
+fn wake_after_release(keys: &Keys, key: &str, token: &str) {
+    let Some(waiters) = lock(keys).get(key).cloned() else {
+        return;
+    };
+    *lock(&waiters.released_here) = Some(token.to_owned());
+    waiters.wake();
+}
+
+/// A caller parked on a key's release; counted until dropped.
+pub(crate) struct Parked<'a>(&'a KeyWaiters);
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0
+            .parked
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -382,7 +449,14 @@ impl Listener {
                 released = released => match released {
                     Some(released) => {
                         if let Some(waiters) = lock(&self.keys).get(&released.key) {
-                            waiters.wake();
+                            let mut here = lock(&waiters.released_here);
+                            if here.as_deref() == Some(released.token.as_str()) {
+                                // This client's own release: its waiters were woken then.
+                                *here = None;
+                            } else {
+                                drop(here);
+                                waiters.wake();
+                            }
                         }
                     }
                     None => self.lost("the release subscription's connection closed"),

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockmacro_runtime::{Lease, LockClient, LockContext, LockError, LockOptions};
+use lockmacro_runtime::{Lease, LockClient, LockContext, LockError, LockOptions, protocol};
 use redis::AsyncCommands;
 use testkit::RedisServer;
 use tokio::sync::oneshot;
@@ -242,7 +242,7 @@ pub async fn waiter_subscribed(server: &RedisServer, key: &str) {
 
 /// [`waiter_subscribed`] for a client whose namespace is `namespace`.
 pub async fn waiter_subscribed_in(server: &RedisServer, namespace: &str, key: &str) {
-    let channel = format!("{namespace}:released:{key}");
+    let channel = protocol::Names::new(namespace).release_channel(key);
     eventually(Duration::from_secs(5), "a waiter subscribed", || async {
         let mut conn = server.connection().await;
         let (_, listeners): (String, u64) = redis::cmd("PUBSUB")

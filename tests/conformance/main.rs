@@ -24,6 +24,7 @@ macro_rules! conformance {
                 a_lapsed_holder_never_deletes_the_next_owners_key,
                 a_waiter_gives_up_as_busy_when_its_wait_runs_out,
                 a_waiter_is_woken_by_the_release,
+                no_waiter_sleeps_on_a_lock_freed_after_a_hand_over,
                 a_nested_call_reenters_and_only_the_outer_releases,
                 a_spawned_task_is_another_owner,
                 fencing_tokens_strictly_increase,

@@ -778,3 +778,78 @@ pub async fn shutdown_cancels_work_releases_leases_and_refuses_later_calls(
         .await
         .expect("a second shutdown does nothing");
 }
+
+/// Waits (10 s at most, on tokio's clock) until `count` callers of `locks` are parked on `key`.
+async fn parked(locks: &lockmacro_runtime::LockClient, key: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while locks.waiting(key) < count {
+        assert!(
+            Instant::now() < deadline,
+            "{count} callers not parked on `{key}` within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A holds the key with a long lease; a fenced waiter (of `fenced_client`) and a plain waiter
+/// (of A's client) park; A releases (a hand-over to the plain waiter, within one client). The
+/// first waiter in is let go: the other must have the lock within a moment, not sleep out A's
+/// old lease (issue 27: the hand-over dropped the fenced waiter's mark, so the next release was
+/// not announced).
+async fn assert_the_second_waiter_follows_at_once(
+    deployment: &impl Deployment,
+    key: &'static str,
+    other_client: bool,
+) {
+    let locks = deployment.client().await;
+    let fenced_client = if other_client {
+        deployment.another_client().await
+    } else {
+        locks.clone()
+    };
+    let holder = locks.acquire(key, opts(30_000)).await.unwrap();
+    let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
+    let spawn_waiter = |locks: lockmacro_runtime::LockClient, options: LockOptions, name| {
+        let entered = entered.clone();
+        tokio::spawn(async move {
+            let (leave, left) = oneshot::channel::<()>();
+            locks
+                .run_locked(key, options.wait(Duration::from_secs(20)), async move {
+                    entered.send((name, leave)).unwrap();
+                    left.await.unwrap();
+                })
+                .await
+        })
+    };
+    let fenced = opts(30_000).fencing(deployment.offers_fencing());
+    let first = spawn_waiter(fenced_client.clone(), fenced, "fenced");
+    parked(&fenced_client, key, 1).await;
+    let second = spawn_waiter(locks.clone(), opts(30_000), "plain");
+    parked(&locks, key, if other_client { 1 } else { 2 }).await;
+    holder.release().await.unwrap();
+
+    let (name, leave) = tokio::time::timeout(Duration::from_secs(5), entries.recv())
+        .await
+        .expect("a waiter takes the released lock")
+        .unwrap();
+    leave.send(()).unwrap();
+    let let_go = Instant::now();
+    let (other, leave) = tokio::time::timeout(Duration::from_secs(15), entries.recv())
+        .await
+        .unwrap_or_else(|_| panic!("the other waiter slept on the lock {name} freed"))
+        .unwrap();
+    let followed = let_go.elapsed();
+    assert_ne!(name, other);
+    leave.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert!(
+        followed < Duration::from_secs(2),
+        "{other} got the lock {followed:?} after {name} let go"
+    );
+}
+
+pub async fn no_waiter_sleeps_on_a_lock_freed_after_a_hand_over(deployment: &impl Deployment) {
+    assert_the_second_waiter_follows_at_once(deployment, "handed:1", false).await;
+    assert_the_second_waiter_follows_at_once(deployment, "handed:2", true).await;
+}

@@ -26,13 +26,13 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, Sl
 use redis::{ErrorKind, ProtocolVersion, PushKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::mpsc;
 
+use super::protocol::{self, Names};
 use super::redis::Settings;
 use super::scripts::{self, Announce};
 use super::{
-    AcquireNames, AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, ReleaseFeed,
-    Released, Renewal, Store, StoreError, TimedOut, Unreachable, release_until_settled,
+    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, ReleaseFeed, Released,
+    Renewal, Store, StoreError, TimedOut, Unreachable, release_until_settled,
 };
-use crate::error::LockError;
 use crate::store::redis::connections::PerRuntime;
 
 /// A Redis Cluster.
@@ -154,7 +154,7 @@ impl ClusterStore {
     }
 
     fn release_cmd(&self, lease: LeaseRef<'_>) -> Result<redis::Cmd, StoreError> {
-        let channel = in_slot_of(lease.key, &self.settings().names.release_channel(""))?;
+        let channel = Names::in_slot(lease.key, self.settings().names.release_channel(""))?;
         Ok(scripts::release(lease, &channel, Announce::ShardedPublish))
     }
 
@@ -168,7 +168,7 @@ impl ClusterStore {
         lease: LeaseRef<'_>,
         next: LeaseRef<'_>,
     ) -> Result<HandOver, StoreError> {
-        let channel = in_slot_of(lease.key, &self.settings().names.release_channel(""))?;
+        let channel = Names::in_slot(lease.key, self.settings().names.release_channel(""))?;
         let cmd = scripts::hand_over(lease, next, &channel, Announce::ShardedPublish);
         Ok(HandOver::from_reply(
             self.run_script(lease.key, &cmd).await?,
@@ -232,18 +232,12 @@ impl Store for ClusterStore {
         Box::pin(async move {
             // A key whose release could not be announced in its slot is refused before anything
             // is taken: its release would fail.
-            in_slot_of(request.key, &self.settings().names.release_channel(""))?;
+            Names::in_slot(request.key, self.settings().names.release_channel(""))?;
             let plain = request.is_plain();
             let cmd = if plain {
                 scripts::set_nx_get(request.key, request.token, request.ttl)
             } else {
-                let names = &self.settings().names;
-                let in_slot = AcquireNames {
-                    fencing_counter: in_slot_of(request.key, &names.fencing_counter(""))?,
-                    queue: in_slot_of(request.key, &names.queue(""))?,
-                    queue_expiry: in_slot_of(request.key, &names.queue_expiry(""))?,
-                    writers: in_slot_of(request.key, &names.writers(""))?,
-                };
+                let in_slot = self.settings().names.for_acquire_in_slot(request.key)?;
                 scripts::acquire(&request, &in_slot)
             };
             let mut connection = self.connection().await?;
@@ -268,7 +262,7 @@ impl Store for ClusterStore {
                             fencing_token: None,
                         },
                         // A SET that redis-rs retried after it had landed: ours.
-                        Some(token) if scripts::holds(&token, request.token) => Acquired::Taken {
+                        Some(token) if protocol::holds(&token, request.token) => Acquired::Taken {
                             fencing_token: None,
                         },
                         Some(_) => Acquired::Busy { remaining: None },
@@ -394,25 +388,6 @@ impl HandsOver for ClusterStore {
     }
 }
 
-/// `prefix` followed by `key`, so that the result hashes to `key`'s slot: a key with a hash tag
-/// keeps it (its tag decides the slot of both); one without is wrapped in braces, making the
-/// whole key the tag. Checked against the slot itself, so odd keys (`a{}b`, `a}b{`) are refused
-/// rather than misplaced.
-pub(crate) fn in_slot_of(key: &str, prefix: &str) -> Result<String, StoreError> {
-    let slot = Slot::for_key(key);
-    let candidates = [format!("{prefix}{key}"), format!("{prefix}{{{key}}}")];
-    candidates
-        .into_iter()
-        .find(|name| Slot::for_key(name) == slot)
-        .ok_or_else(|| {
-            StoreError::from(LockError::InvalidKey {
-                key: key.to_owned(),
-                reason: "in a cluster its fencing counter and release channel must share its slot, \
-                         and its braces make that impossible; use one `{tag}` or none",
-            })
-        })
-}
-
 /// Release announcements heard through `SSUBSCRIBE`, over a RESP3 cluster connection of its own.
 struct ShardedFeed {
     connection: ClusterConnection,
@@ -427,7 +402,7 @@ struct ShardedFeed {
 impl ReleaseFeed for ShardedFeed {
     fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let channel = in_slot_of(key, &self.channel_prefix)?;
+            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
             bounded(self.response_timeout, self.connection.ssubscribe(&channel)).await?;
             self.watched.insert(channel, key.to_owned());
             Ok(())
@@ -436,7 +411,7 @@ impl ReleaseFeed for ShardedFeed {
 
     fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let channel = in_slot_of(key, &self.channel_prefix)?;
+            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
             self.watched.remove(&channel);
             bounded(
                 self.response_timeout,
@@ -563,36 +538,5 @@ async fn bounded<T>(
     match tokio::time::timeout(budget, call).await {
         Ok(reply) => reply.map_err(StoreError::unavailable),
         Err(_) => Err(StoreError::unavailable(TimedOut(budget))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn internal_names_share_the_keys_slot() {
-        for key in ["orders:42", "{user1}:orders", "a", "x{y}z", "ünïcode:☃"] {
-            let name = in_slot_of(key, "lockmacro:fence:").unwrap();
-            assert_eq!(Slot::for_key(&name), Slot::for_key(key), "{key} -> {name}");
-        }
-    }
-
-    #[test]
-    fn keys_whose_braces_cannot_share_a_slot_are_refused() {
-        for key in ["a{}b{c}", "a}b"] {
-            match in_slot_of(key, "lockmacro:fence:") {
-                Err(StoreError::Unusable(error)) => {
-                    assert!(
-                        matches!(*error, LockError::InvalidKey { .. }),
-                        "{key}: {error}"
-                    );
-                }
-                other => {
-                    let name = other.unwrap();
-                    assert_eq!(Slot::for_key(&name), Slot::for_key(key), "{key} -> {name}");
-                }
-            }
-        }
     }
 }

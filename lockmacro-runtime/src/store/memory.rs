@@ -457,6 +457,12 @@ impl std::fmt::Debug for MemoryHooks {
 }
 
 impl MemoryHooks {
+    /// Another client over the same store, as another process would have: its own watchdog,
+    /// waiters and reentrancy (clones of one client share those).
+    pub fn client(&self) -> crate::LockClient {
+        crate::LockClient::over_memory(self.store.clone())
+    }
+
     /// The token stored under `key`, `None` when the key is free.
     pub fn holder(&self, key: &str) -> Option<String> {
         let mut data = self.store.data();

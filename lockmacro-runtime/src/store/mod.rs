@@ -19,10 +19,13 @@ use crate::options::LockKind;
 pub(crate) mod cluster;
 #[cfg(feature = "test-util")]
 pub(crate) mod memory;
+pub mod protocol;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 mod scripts;
 pub(crate) mod tls;
+
+pub(crate) use protocol::{AcquireNames, Names};
 
 /// A boxed future, so deployments can sit behind one `dyn Store`.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -244,22 +247,22 @@ impl Error for Shared {
 }
 
 /// Retries a compare-and-delete until the store answers it, or until the lease would have lapsed
-/// anyway: for releases nobody waits for (a dropped guard, an abandoned acquire). `false` when it
-/// gave up.
-pub(crate) async fn release_until_settled(store: &dyn Store, lease: LeaseRef<'_>) -> bool {
+/// anyway: for releases nobody waits for (a dropped guard, an abandoned acquire). `Some`
+/// whether our lease was removed; `None` when it gave up.
+pub(crate) async fn release_until_settled(store: &dyn Store, lease: LeaseRef<'_>) -> Option<bool> {
     let give_up = tokio::time::Instant::now() + lease.ttl;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     loop {
         match store.release(lease).await {
             Ok(deleted) => {
                 tracing::debug!(key = %lease.key, deleted, "lock released in the background");
-                return true;
+                return Some(deleted);
             }
             Err(error) => {
                 let pause = backoff.next_delay();
                 if tokio::time::Instant::now() + pause >= give_up {
                     tracing::warn!(key = %lease.key, error = %error, "background release gave up; the key expires with its lease");
-                    return false;
+                    return None;
                 }
                 tracing::debug!(key = %lease.key, error = %error, retry_in = ?pause, "background release failed; retrying");
                 tokio::time::sleep(pause).await;
@@ -303,75 +306,3 @@ impl Unreachable {
 #[derive(Debug, thiserror::Error)]
 #[error("no answer within {0:?}")]
 pub(crate) struct TimedOut(pub(crate) Duration);
-
-/// Where a deployment keeps what belongs to a lock besides its key: the fencing counter (which
-/// outlives releases) and the channel that announces releases. Under a namespace of their own
-/// (`lockmacro` unless the client sets another), so an ACL can grant exactly them.
-#[derive(Debug, Clone)]
-pub(crate) struct Names {
-    namespace: Arc<str>,
-    /// `{namespace}:released:`, built once: every release names its channel.
-    released: Arc<str>,
-}
-
-impl Names {
-    pub(crate) fn new(namespace: &str) -> Self {
-        Self {
-            namespace: namespace.into(),
-            released: format!("{namespace}:released:").into(),
-        }
-    }
-
-    pub(crate) fn fencing_counter(&self, key: &str) -> String {
-        format!("{}:fence:{key}", self.namespace)
-    }
-
-    /// The fair queue of `key`: waiting tokens in arrival order.
-    pub(crate) fn queue(&self, key: &str) -> String {
-        format!("{}:queue:{key}", self.namespace)
-    }
-
-    /// When each place in the fair queue of `key` lapses.
-    pub(crate) fn queue_expiry(&self, key: &str) -> String {
-        format!("{}:queue-expiry:{key}", self.namespace)
-    }
-
-    /// Writers waiting for the readers of `key` to leave.
-    pub(crate) fn writers(&self, key: &str) -> String {
-        format!("{}:writers:{key}", self.namespace)
-    }
-
-    /// Every name the acquire script needs for `key`.
-    pub(crate) fn for_acquire(&self, key: &str) -> AcquireNames {
-        AcquireNames {
-            fencing_counter: self.fencing_counter(key),
-            queue: self.queue(key),
-            queue_expiry: self.queue_expiry(key),
-            writers: self.writers(key),
-        }
-    }
-
-    pub(crate) fn release_channel(&self, key: &str) -> String {
-        [self.released.as_ref(), key].concat()
-    }
-
-    /// The key whose release `channel` announces, if it is one of ours.
-    pub(crate) fn released_key<'c>(&self, channel: &'c str) -> Option<&'c str> {
-        channel.strip_prefix(self.released.as_ref())
-    }
-}
-
-/// What the acquire script keeps beside a lock key.
-#[derive(Debug, Clone)]
-pub(crate) struct AcquireNames {
-    pub(crate) fencing_counter: String,
-    pub(crate) queue: String,
-    pub(crate) queue_expiry: String,
-    pub(crate) writers: String,
-}
-
-impl Default for Names {
-    fn default() -> Self {
-        Self::new("lockmacro")
-    }
-}

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::Script;
 
+use super::protocol::FENCING_COUNTER_LIFE;
 use super::{AcquireNames, AcquireRequest, Acquired, LeaseRef};
 use crate::clock::millis;
 use crate::options::LockKind;
@@ -28,11 +29,6 @@ pub(crate) const ALL: [&str; 4] = [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA, HAND_OV
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
 pub(crate) const EXTEND_CHUNK: usize = 500;
 
-/// How long a fencing counter lives after its last use. Tokens never go below the server clock
-/// in microseconds, so a counter that expired cannot make them go back; the counter only orders
-/// acquisitions faster than the clock, or across a clock that stepped back by less than this.
-pub(crate) const FENCING_COUNTER_LIFE: Duration = Duration::from_secs(24 * 60 * 60);
-
 /// `SET key token NX PX ttl`: the exclusive fast path, one command.
 pub(crate) fn set_nx(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
     // Room for `GET` too, so neither form grows its buffers while it is built.
@@ -44,12 +40,6 @@ pub(crate) fn set_nx(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
         .arg("PX")
         .arg(millis(ttl));
     cmd
-}
-
-/// Whether `value`, read from an exclusive lock's key, is `token`'s: as it was set, or with the
-/// `+` a waiter adds so that its release is announced (see `scripts/acquire.lua`).
-pub(crate) fn holds(value: &str, token: &str) -> bool {
-    value.strip_suffix('+').unwrap_or(value) == token
 }
 
 /// `SET key token NX PX ttl GET` (Redis 7): as [`set_nx`], but the reply tells a retried `SET`
@@ -200,19 +190,4 @@ fn evalsha(script: &Script, keys: usize, more_args: usize, more_bytes: usize) ->
     let mut cmd = redis::Cmd::with_capacity(3 + more_args, 7 + 40 + 4 + more_bytes);
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
-}
-
-#[cfg(test)]
-mod tests {
-    use super::holds;
-
-    #[test]
-    fn a_key_holds_its_token_marked_or_not_and_nothing_else() {
-        let token = "0123456789abcdef0123456789abcdef";
-        assert!(holds(token, token));
-        assert!(holds(&format!("{token}+"), token));
-        assert!(!holds(&format!("{token}++"), token));
-        assert!(!holds("0123456789abcdef0123456789abcdee", token));
-        assert!(!holds("", token));
-    }
 }

@@ -1,6 +1,7 @@
 -- Pass an exclusive lock straight to the next holder, a waiter of the same client: while the
 -- key still holds our token, it gets the next holder's token and ttl, with no moment free and
--- nothing announced. When a waiter marked the key (our token followed by '+', see acquire.lua)
+-- nothing announced. A waiter's mark stays on the key (the next holder's token followed by
+-- '+'): whoever marked it still waits, and the next release must be announced to it. When a waiter marked the key (our token followed by '+', see acquire.lua)
 -- and another client is subscribed to the key's releases (one of its callers waits too), the
 -- lock is released and announced instead, so a busy client cannot keep a key to itself.
 -- KEYS[1] = lock key; ARGV[1] = our token; ARGV[2] = the next holder's token; ARGV[3] = its ttl
@@ -10,6 +11,7 @@
 -- ours (nothing changed).
 local key, token = KEYS[1], ARGV[1]
 local holder = redis.pcall('GET', key)
+local next_value = ARGV[2]
 if holder ~= token then
   if holder ~= token .. '+' then
     return 0
@@ -23,6 +25,7 @@ if holder ~= token then
     redis.call(sharded and 'SPUBLISH' or 'PUBLISH', ARGV[4], token)
     return 2
   end
+  next_value = next_value .. '+'
 end
-redis.call('SET', key, ARGV[2], 'PX', ARGV[3])
+redis.call('SET', key, next_value, 'PX', ARGV[3])
 return 1

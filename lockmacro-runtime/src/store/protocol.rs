@@ -1,0 +1,281 @@
+//! What lockmacro stores in Redis: the one owner of its names, values and marks.
+//!
+//! The Lua scripts (`store/scripts/*.lua`) write this format and this module is the only Rust
+//! that spells it: the deployments, the in-memory store, the inspection API, the command-line
+//! tool and the test kit all read and name keys through it.
+//!
+//! - **An exclusive lock** is a string key `"{prefix}:{key}"` holding its holder's token,
+//!   followed by [`WAITED_MARK`] once a caller waits for it, so that only such a release is
+//!   announced. [`holder_token`] reads the token back.
+//! - **A shared lock** (readers, permits) is a hash: field [`KIND_FIELD`] says which
+//!   ([`shared_kind_tag`]), and each holder has a field of its own, its token, holding its own
+//!   expiry in milliseconds of the server clock.
+//! - **Internal names** ([`Names`]), under a namespace of their own (`lockmacro` unless the
+//!   client sets another, so an ACL can grant exactly them): the fencing counter of a key, the
+//!   channel its releases are announced on (the message is the released token), a fair lock's
+//!   queue and its places' expiries, and the writers waiting for a key's readers to leave. On a
+//!   Cluster each is placed in its key's slot ([`Names::in_slot`]).
+//! - **Fencing tokens** are never below the server clock in microseconds
+//!   ([`fencing_floor`]), so a counter that expired cannot make them go back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::cluster_routing::Slot;
+
+use crate::error::LockError;
+use crate::options::LockKind;
+
+/// Appended to an exclusive lock's token once a caller waits for it: its release is announced.
+pub const WAITED_MARK: char = '+';
+
+/// The field of a shared lock's hash that says which kind it is.
+pub const KIND_FIELD: &str = "kind";
+
+/// How long a fencing counter lives after its last use. Tokens never go below the server clock
+/// in microseconds, so a counter that expired cannot make them go back; the counter only orders
+/// acquisitions faster than the clock, or across a clock that stepped back by less than this.
+pub const FENCING_COUNTER_LIFE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The value of an exclusive lock held by `token`, marked when someone waits for it.
+pub fn exclusive_value(token: &str, waited: bool) -> String {
+    if waited {
+        format!("{token}{WAITED_MARK}")
+    } else {
+        token.to_owned()
+    }
+}
+
+/// The holder's token in an exclusive lock's value, without a waiter's mark.
+pub fn holder_token(value: &str) -> &str {
+    value.strip_suffix(WAITED_MARK).unwrap_or(value)
+}
+
+/// Whether an exclusive lock's `value` is `token`'s, marked or not.
+pub fn holds(value: &str, token: &str) -> bool {
+    holder_token(value) == token
+}
+
+/// Whether an exclusive lock's `value` carries a waiter's mark.
+pub fn is_waited_for(value: &str) -> bool {
+    value.ends_with(WAITED_MARK)
+}
+
+/// The [`KIND_FIELD`] of a shared lock of `kind`; `None` for the exclusive kind (a string).
+pub fn shared_kind_tag(kind: LockKind) -> Option<String> {
+    match kind {
+        LockKind::Exclusive => None,
+        LockKind::Read => Some("read".to_owned()),
+        LockKind::Permits(permits) => Some(format!("permits:{permits}")),
+    }
+}
+
+/// The kind a shared lock's [`KIND_FIELD`] names; `None` when it is no tag of ours.
+pub fn parse_shared_kind(tag: &str) -> Option<LockKind> {
+    match tag {
+        "read" => Some(LockKind::Read),
+        _ => tag
+            .strip_prefix("permits:")?
+            .parse()
+            .ok()
+            .filter(|permits| *permits > 0)
+            .map(LockKind::Permits),
+    }
+}
+
+/// The lowest fencing token a lock taken at `server_micros` (the server clock, microseconds
+/// since the Unix epoch) may get: tokens follow the clock, and a counter only breaks ties.
+pub fn fencing_floor(server_micros: u64) -> u64 {
+    server_micros
+}
+
+/// The names a deployment keeps beside a lock key, under its namespace.
+#[derive(Debug, Clone)]
+pub struct Names {
+    namespace: Arc<str>,
+    /// `{namespace}:released:`, built once: every release names its channel.
+    released: Arc<str>,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self::new("lockmacro")
+    }
+}
+
+impl Names {
+    /// The names under `namespace` (`LockClientBuilder::namespace`).
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            released: format!("{namespace}:released:").into(),
+        }
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The fencing counter of `key`: it outlives the lock.
+    pub fn fencing_counter(&self, key: &str) -> String {
+        format!("{}:fence:{key}", self.namespace)
+    }
+
+    /// The fair queue of `key`: waiting tokens in arrival order.
+    pub fn queue(&self, key: &str) -> String {
+        format!("{}:queue:{key}", self.namespace)
+    }
+
+    /// When each place in the fair queue of `key` lapses.
+    pub fn queue_expiry(&self, key: &str) -> String {
+        format!("{}:queue-expiry:{key}", self.namespace)
+    }
+
+    /// Writers waiting for the readers of `key` to leave.
+    pub fn writers(&self, key: &str) -> String {
+        format!("{}:writers:{key}", self.namespace)
+    }
+
+    /// The channel that announces releases of `key`.
+    pub fn release_channel(&self, key: &str) -> String {
+        [self.released.as_ref(), key].concat()
+    }
+
+    /// The key whose release `channel` announces, if it is one of ours (as named by
+    /// [`release_channel`](Self::release_channel); a cluster's placed channel may carry braces
+    /// around the key, which the deployment maps back itself).
+    pub fn released_key<'c>(&self, channel: &'c str) -> Option<&'c str> {
+        channel.strip_prefix(self.released.as_ref())
+    }
+
+    /// Whether a Redis key is one of the library's internal names rather than a lock.
+    pub fn is_internal(&self, redis_key: &str) -> bool {
+        redis_key
+            .strip_prefix(self.namespace.as_ref())
+            .and_then(|rest| rest.strip_prefix(':'))
+            .and_then(|rest| rest.split_once(':'))
+            .is_some_and(|(what, _)| {
+                matches!(
+                    what,
+                    "fence" | "released" | "queue" | "queue-expiry" | "writers"
+                )
+            })
+    }
+
+    /// Every name the acquire script needs for `key`, as a single server names them.
+    pub(crate) fn for_acquire(&self, key: &str) -> AcquireNames {
+        AcquireNames {
+            fencing_counter: self.fencing_counter(key),
+            queue: self.queue(key),
+            queue_expiry: self.queue_expiry(key),
+            writers: self.writers(key),
+        }
+    }
+
+    /// Every name the acquire script needs for `key`, each in `key`'s cluster slot.
+    pub(crate) fn for_acquire_in_slot(&self, key: &str) -> Result<AcquireNames, LockError> {
+        Ok(AcquireNames {
+            fencing_counter: Self::in_slot(key, self.fencing_counter(""))?,
+            queue: Self::in_slot(key, self.queue(""))?,
+            queue_expiry: Self::in_slot(key, self.queue_expiry(""))?,
+            writers: Self::in_slot(key, self.writers(""))?,
+        })
+    }
+
+    /// The name `{prefix}{key}` (as the methods above build with an empty key), placed in
+    /// `key`'s cluster slot: as it is when its hash tag keeps the slot, else with `key` in
+    /// braces. A key whose braces make both impossible is `InvalidKey`.
+    pub fn in_slot(key: &str, prefix: String) -> Result<String, LockError> {
+        let slot = Slot::for_key(key);
+        let plain = prefix.clone() + key;
+        if Slot::for_key(&plain) == slot {
+            return Ok(plain);
+        }
+        let braced = format!("{prefix}{{{key}}}");
+        if Slot::for_key(&braced) == slot {
+            return Ok(braced);
+        }
+        Err(LockError::InvalidKey {
+            key: key.to_owned(),
+            reason: "in a cluster its fencing counter and release channel must share its slot, \
+                     and its braces make that impossible; use one `{tag}` or none",
+        })
+    }
+}
+
+/// What the acquire script keeps beside a lock key.
+#[derive(Debug, Clone)]
+pub(crate) struct AcquireNames {
+    pub(crate) fencing_counter: String,
+    pub(crate) queue: String,
+    pub(crate) queue_expiry: String,
+    pub(crate) writers: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_holds_its_token_marked_or_not_and_nothing_else() {
+        let token = "0123456789abcdef0123456789abcdef";
+        assert!(holds(token, token));
+        assert!(holds(&exclusive_value(token, true), token));
+        assert!(!holds(&format!("{token}++"), token));
+        assert!(!holds("0123456789abcdef0123456789abcdee", token));
+        assert!(!holds("", token));
+        assert!(is_waited_for(&exclusive_value(token, true)));
+        assert!(!is_waited_for(token));
+    }
+
+    #[test]
+    fn shared_kinds_round_trip_and_strangers_are_refused() {
+        for kind in [LockKind::Read, LockKind::Permits(1), LockKind::Permits(7)] {
+            let tag = shared_kind_tag(kind).unwrap();
+            assert_eq!(parse_shared_kind(&tag), Some(kind));
+        }
+        assert_eq!(shared_kind_tag(LockKind::Exclusive), None);
+        for stranger in ["", "write", "permits:", "permits:0", "permits:x"] {
+            assert_eq!(parse_shared_kind(stranger), None, "{stranger}");
+        }
+    }
+
+    #[test]
+    fn internal_names_are_told_from_locks() {
+        let names = Names::new("lm");
+        for internal in [
+            names.fencing_counter("a:1"),
+            names.release_channel("a:1"),
+            names.queue("a"),
+            names.queue_expiry("a"),
+            names.writers("a"),
+        ] {
+            assert!(names.is_internal(&internal), "{internal}");
+        }
+        for lock in ["a:1", "lm", "lm:orders:1", "lmx:fence:a"] {
+            assert!(!names.is_internal(lock), "{lock}");
+        }
+    }
+
+    #[test]
+    fn internal_names_share_the_keys_slot() {
+        for key in ["orders:42", "{user1}:orders", "a", "x{y}z", "ünïcode:☃"] {
+            let name = Names::in_slot(key, Names::default().fencing_counter("")).unwrap();
+            assert_eq!(Slot::for_key(&name), Slot::for_key(key), "{key} -> {name}");
+        }
+    }
+
+    #[test]
+    fn keys_whose_braces_cannot_share_a_slot_are_refused() {
+        for key in ["a{}b{c}", "a}b"] {
+            match Names::in_slot(key, "lockmacro:fence:".to_owned()) {
+                Err(error) => assert!(
+                    matches!(error, LockError::InvalidKey { .. }),
+                    "{key}: {error}"
+                ),
+                Ok(name) => assert_eq!(Slot::for_key(&name), Slot::for_key(key), "{key} -> {name}"),
+            }
+        }
+    }
+}
