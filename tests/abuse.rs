@@ -75,13 +75,14 @@ async fn odd_keys_lock_exactly_their_bytes() {
         }
         // Renewed on its exact name.
         let renewals = locks
-            .run_locked(key.clone(), opts(150).unlimited_renewals(), async {
-                tokio::time::sleep(Duration::from_millis(400)).await;
+            // A lease long enough that a loaded machine's scheduling cannot lapse it.
+            .run_locked(key.clone(), opts(600).unlimited_renewals(), async {
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 LockContext::current().unwrap().renewals()
             })
             .await
             .unwrap_or_else(|err| panic!("{key:?}: {err:?}"));
-        assert!(renewals >= 2, "{key:?}: {renewals} renewals");
+        assert!(renewals >= 1, "{key:?}: {renewals} renewals");
     }
 
     // No truncation at NUL, no normalisation of invisible or combining characters.
