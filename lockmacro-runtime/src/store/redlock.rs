@@ -20,18 +20,18 @@ use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::redis::{RedisStore, Settings};
 use super::{
-    AcquireRequest, Acquired, BoxFuture, LeaseRef, ReleaseFeed, Released, Renewal, Store,
-    StoreError,
+    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, ReleaseFeed, Released,
+    Renewal, Store, StoreError,
 };
 use crate::clock;
 use crate::error::LockError;
 
 /// A Redlock quorum.
+#[derive(Clone)]
 pub(crate) struct RedlockStore {
     masters: Vec<RedisStore>,
     settings: Settings,
@@ -207,50 +207,34 @@ impl Store for RedlockStore {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            // Every master gets the release in a task of its own, which finishes even when this
-            // call returns at the majority.
-            let mut answers: FuturesUnordered<_> = self
-                .masters
-                .iter()
-                .map(|master| {
-                    let (master, (key, token)) = (
-                        master.clone(),
-                        (lease.key.to_owned(), lease.token.to_owned()),
-                    );
-                    let (kind, ttl) = (lease.kind, lease.ttl);
-                    let (answer, answered) = oneshot::channel();
-                    self.settings.background.spawn(async move {
-                        let lease = LeaseRef {
-                            key: &key,
-                            token: &token,
-                            kind,
-                            ttl,
-                        };
-                        let _ = answer.send(master.release(lease).await);
-                    });
-                    answered
-                })
-                .collect();
             let quorum = self.quorum();
-            let (mut answered, mut deleted, mut failure) = (0, 0, None);
-            while let Some(answer) = answers.next().await {
-                match answer {
-                    Ok(Ok(ours)) => {
-                        answered += 1;
-                        deleted += usize::from(ours);
-                        if answered >= quorum {
-                            return Ok(deleted >= quorum);
-                        }
-                    }
-                    Ok(Err(error)) => failure = Some(error),
-                    Err(_) => {}
-                }
+            let owned = OwnedLease::of(lease);
+            let answers = self
+                .on_every_master(
+                    |master| {
+                        let lease = owned.clone();
+                        async move { master.release(lease.as_ref()).await }
+                    },
+                    |answers| answers.iter().filter(|answer| answer.is_ok()).count() >= quorum,
+                )
+                .await;
+            let deleted = answers.iter().filter(|answer| matches!(answer, Ok(true))).count();
+            let answered = answers.iter().filter(|answer| answer.is_ok()).count();
+            if answered >= quorum {
+                return Ok(deleted >= quorum);
             }
-            Err(failure.unwrap_or(StoreError::NoQuorum {
-                answered,
-                needed: quorum,
-            }))
+            Err(answers
+                .into_iter()
+                .find_map(Result::err)
+                .unwrap_or(StoreError::NoQuorum {
+                    answered,
+                    needed: quorum,
+                }))
         })
+    }
+
+    fn hands_over(&self) -> Option<&dyn HandsOver> {
+        Some(self)
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
@@ -302,6 +286,135 @@ impl Store for RedlockStore {
                     }))
             }
         })
+    }
+}
+
+impl RedlockStore {
+    /// Sends `call` to every master from this task, so that each request is on its master's
+    /// connection before anything this caller sends next (a release then reaches every master
+    /// ahead of the caller's next acquire); returns the answers once `decided` says they settle
+    /// it, and lets the rest finish in the background.
+    async fn on_every_master<T, F>(
+        &self,
+        call: impl Fn(RedisStore) -> F,
+        decided: impl Fn(&[T]) -> bool,
+    ) -> Vec<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        let mut pending: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .map(|master| Box::pin(call(master.clone())))
+            .collect();
+        let mut answers = Vec::with_capacity(self.masters.len());
+        while let Some(answer) = pending.next().await {
+            answers.push(answer);
+            if decided(&answers) {
+                break;
+            }
+        }
+        if !pending.is_empty() {
+            self.settings
+                .background
+                .spawn(async move { while pending.next().await.is_some() {} });
+        }
+        answers
+    }
+}
+
+impl HandsOver for RedlockStore {
+    /// On every master at once: handed when a majority handed it. Otherwise the next holder's
+    /// token is taken back wherever it landed, and the lease counts as released (announced
+    /// where another client waits) or as not ours, as a majority says.
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(async move {
+            let (n, quorum) = (self.masters.len(), self.quorum());
+            let (ours, theirs) = (OwnedLease::of(lease), OwnedLease::of(next));
+            let answers = self
+                .on_every_master(
+                    |master| {
+                        let (ours, theirs) = (ours.clone(), theirs.clone());
+                        async move { master.hand_over(ours.as_ref(), theirs.as_ref()).await }
+                    },
+                    |answers| {
+                        let handed = answers
+                            .iter()
+                            .filter(|answer| matches!(answer, Ok(HandOver::Handed)))
+                            .count();
+                        handed >= quorum || answers.len() - handed > n - quorum
+                    },
+                )
+                .await;
+            let count = |outcome: HandOver| {
+                answers
+                    .iter()
+                    .filter(|answer| matches!(answer, Ok(found) if *found == outcome))
+                    .count()
+            };
+            let (handed, released, not_ours) = (
+                count(HandOver::Handed),
+                count(HandOver::Released),
+                count(HandOver::NotOurs),
+            );
+            if handed >= quorum {
+                return Ok(HandOver::Handed);
+            }
+            if handed > 0 {
+                // Not enough to hold it: the next holder's token is no lock; free it again.
+                let store = self.clone();
+                self.settings.background.spawn(async move {
+                    store.release_everywhere(theirs.as_ref()).await;
+                });
+            }
+            if not_ours >= quorum {
+                Ok(HandOver::NotOurs)
+            } else if handed + released >= quorum {
+                Ok(HandOver::Released)
+            } else {
+                Err(answers
+                    .into_iter()
+                    .find_map(Result::err)
+                    .unwrap_or(StoreError::NoQuorum {
+                        answered: handed + released + not_ours,
+                        needed: quorum,
+                    }))
+            }
+        })
+    }
+}
+
+/// A lease's reference as owned values, for requests that outlive the caller's borrow.
+#[derive(Clone)]
+struct OwnedLease {
+    key: std::sync::Arc<str>,
+    token: std::sync::Arc<str>,
+    kind: crate::options::LockKind,
+    ttl: Duration,
+}
+
+impl OwnedLease {
+    fn of(lease: LeaseRef<'_>) -> Self {
+        Self {
+            key: lease.key.into(),
+            token: lease.token.into(),
+            kind: lease.kind,
+            ttl: lease.ttl,
+        }
+    }
+
+    fn as_ref(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            key: &self.key,
+            token: &self.token,
+            kind: self.kind,
+            ttl: self.ttl,
+        }
     }
 }
 
