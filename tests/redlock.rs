@@ -269,7 +269,8 @@ async fn one_clients_waiters_never_split_a_majority_between_them() {
         });
     }
     while let Some(task) = tasks.join_next().await {
-        task.unwrap().expect("every waiter of one client gets the lock in its wait");
+        task.unwrap()
+            .expect("every waiter of one client gets the lock in its wait");
     }
     let took = started.elapsed();
     eprintln!(

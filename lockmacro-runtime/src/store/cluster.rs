@@ -280,6 +280,17 @@ impl Store for ClusterStore {
                     .map(|reply| scripts::acquired(&request, reply))
             };
             match reply {
+                Ok(Acquired::Busy { remaining: None }) if plain => {
+                    undo.disarm();
+                    // A caller that fails fast learns when to come back, as from the script.
+                    let pttl = scripts::remaining(request.key);
+                    let remaining = self
+                        .send::<i64>(&mut connection, request.key, &pttl, budget)
+                        .await;
+                    Ok(Acquired::Busy {
+                        remaining: remaining.ok().and_then(protocol::remaining),
+                    })
+                }
                 Ok(acquired) => {
                     undo.disarm();
                     Ok(acquired)

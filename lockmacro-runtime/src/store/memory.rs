@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
+use super::protocol;
 use super::{
     AcquireRequest, Acquired, BoxFuture, LeaseRef, ReleaseFeed, Released, Renewal, Store,
     StoreError,
@@ -282,8 +283,12 @@ impl Store for MemoryStore {
                 return Ok(Acquired::Busy { remaining });
             }
             let fencing_token = request.fencing.then(|| {
+                // As Redis's: never below the clock, and above the key's last token.
+                let clock = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_micros() as u64);
                 let fence = data.fences.entry(request.key.to_owned()).or_insert(0);
-                *fence += 1;
+                *fence = (*fence + 1).max(protocol::fencing_floor(clock));
                 *fence
             });
             Ok(Acquired::Taken { fencing_token })

@@ -89,6 +89,16 @@ pub fn fencing_floor(server_micros: u64) -> u64 {
     server_micros
 }
 
+/// What a `PTTL` of a busy lock key means for a caller that would come back: how long until it
+/// may be free; `None` when the key never expires (not a lock of ours). A key gone already
+/// may be taken now.
+pub fn remaining(pttl_ms: i64) -> Option<Duration> {
+    match pttl_ms {
+        -2 => Some(Duration::ZERO),
+        ms => u64::try_from(ms).ok().map(Duration::from_millis),
+    }
+}
+
 /// The names a deployment keeps beside a lock key, under its namespace.
 #[derive(Debug, Clone)]
 pub struct Names {

@@ -218,7 +218,10 @@ impl Store for RedlockStore {
                     |answers| answers.iter().filter(|answer| answer.is_ok()).count() >= quorum,
                 )
                 .await;
-            let deleted = answers.iter().filter(|answer| matches!(answer, Ok(true))).count();
+            let deleted = answers
+                .iter()
+                .filter(|answer| matches!(answer, Ok(true)))
+                .count();
             let answered = answers.iter().filter(|answer| answer.is_ok()).count();
             if answered >= quorum {
                 return Ok(deleted >= quorum);

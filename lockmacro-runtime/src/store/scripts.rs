@@ -50,6 +50,13 @@ pub(crate) fn set_nx_get(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
     cmd
 }
 
+/// `PTTL key`: how long until a busy key may be free (`protocol::remaining`).
+pub(crate) fn remaining(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("PTTL");
+    cmd.arg(key);
+    cmd
+}
+
 /// The acquire script: any kind of lock, with a fencing token, a fair queue or a writer's claim
 /// against new readers, as `request` asks.
 pub(crate) fn acquire(request: &AcquireRequest<'_>, names: &AcquireNames) -> redis::Cmd {

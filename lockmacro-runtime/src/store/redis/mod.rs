@@ -12,6 +12,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
 use tokio::runtime::Handle;
 
+use super::protocol;
 use super::scripts::{self, Announce};
 use super::{
     AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, Names, ReleaseFeed,
@@ -330,6 +331,16 @@ impl Store for RedisStore {
                     .map(|reply| scripts::acquired(&request, reply))
             };
             match reply {
+                Ok(Acquired::Busy { remaining: None }) if plain => {
+                    undo.disarm();
+                    // A caller that fails fast learns when to come back, as from the script.
+                    let pttl = scripts::remaining(request.key);
+                    let lent = &mut undo.lent;
+                    let remaining = self.send::<i64>(lent, Request::Cmd(&pttl), budget).await;
+                    Ok(Acquired::Busy {
+                        remaining: remaining.ok().and_then(protocol::remaining),
+                    })
+                }
                 Ok(acquired) => {
                     undo.disarm();
                     Ok(acquired)

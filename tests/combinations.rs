@@ -1,0 +1,338 @@
+//! Generated tests over combinations of options: random callers across one to three clients on
+//! a few keys, each with a random lock kind, fencing, fairness, wait and hold time, run at once
+//! on one Redis, a Cluster and the in-memory store.
+//!
+//! Each case checks safety (never two incompatible holders of a key at once, as the callers
+//! themselves record it) and liveness: every caller that waits longer than all the holds of the
+//! case put together gets the lock, and no waiter sleeps while the key it waits for is free for
+//! longer than [`FREE_SLEEP_LIMIT`]. The longest such sleep of the run is printed
+//! (`--no-capture`). A failing case is shrunk by proptest and printed; shrunk failures are kept
+//! as plain regression tests in `tests/conformance/suite.rs`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockmacro_runtime::{LockClient, LockError, LockOptions};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use testkit::{Cluster, Deployment, InMemory, SingleRedis};
+use tokio::time::Instant;
+
+/// The longest a waiter may sleep while the key it waits for is free: far above a round trip
+/// on a loaded machine, far below a lease (the defect this guards against slept a whole ttl).
+const FREE_SLEEP_LIMIT: Duration = Duration::from_millis(500);
+/// Every lease: long enough that no hold needs a renewal, short enough that a waiter sleeping
+/// out a lease is seen.
+const TTL: Duration = Duration::from_secs(2);
+const MAX_HOLD_MS: u64 = 60;
+const MAX_CALLS: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Read,
+    Permits(u32),
+}
+
+/// One caller: which client and key, with which options, starting when and holding how long.
+#[derive(Debug, Clone)]
+struct Call {
+    client: usize,
+    key: usize,
+    kind: Kind,
+    fencing: bool,
+    fair: bool,
+    /// Fail fast when `None`.
+    wait: Option<Duration>,
+    start: Duration,
+    hold: Duration,
+}
+
+impl Call {
+    fn options(&self) -> LockOptions {
+        let options = LockOptions::new()
+            .ttl(TTL)
+            .unlimited_renewals()
+            .fencing(self.fencing)
+            .fair(self.fair);
+        let options = match self.kind {
+            Kind::Exclusive => options,
+            Kind::Read => options.read(),
+            Kind::Permits(permits) => options.permits(permits),
+        };
+        match self.wait {
+            Some(wait) => options.wait(wait),
+            None => options,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    clients: usize,
+    calls: Vec<Call>,
+}
+
+fn scenario(fencing: bool) -> impl Strategy<Value = Scenario> {
+    let kind = prop_oneof![
+        4 => Just(Kind::Exclusive),
+        2 => Just(Kind::Read),
+        1 => (1u32..=2).prop_map(Kind::Permits),
+    ];
+    // Waits outlast every hold of the case put together, so every waiter must get the lock.
+    let wait = prop_oneof![
+        1 => Just(None),
+        3 => (3_000u64..5_000).prop_map(|ms| Some(Duration::from_millis(ms))),
+    ];
+    let call = (
+        0usize..3,
+        0usize..2,
+        kind,
+        any::<bool>().prop_map(move |on| on && fencing),
+        prop::bool::weighted(0.25),
+        wait,
+        0u64..40,
+        0u64..=MAX_HOLD_MS,
+    )
+        .prop_map(
+            |(client, key, kind, fencing, fair, wait, start, hold)| Call {
+                client,
+                key,
+                kind,
+                fencing,
+                fair,
+                wait,
+                start: Duration::from_millis(start),
+                hold: Duration::from_millis(hold),
+            },
+        );
+    (1usize..=3, prop::collection::vec(call, 2..=MAX_CALLS)).prop_map(|(clients, mut calls)| {
+        for call in &mut calls {
+            call.client %= clients;
+        }
+        Scenario { clients, calls }
+    })
+}
+
+/// What the callers saw of each key, recorded as they enter and leave their work.
+#[derive(Default)]
+struct Model {
+    keys: HashMap<usize, KeyState>,
+    /// Incompatible holders seen at once, described.
+    violations: Vec<String>,
+    /// The longest a waiter slept while its key was free.
+    longest_free_sleep: Duration,
+}
+
+#[derive(Default)]
+struct KeyState {
+    holders: Vec<(usize, Kind)>,
+    waiting: usize,
+    /// Since when the key is free while someone waits for it.
+    free_since: Option<Instant>,
+}
+
+impl Model {
+    fn update_free(&mut self, key: usize, now: Instant) {
+        let state = self.keys.entry(key).or_default();
+        let idle = state.holders.is_empty() && state.waiting > 0;
+        match (idle, state.free_since) {
+            (true, None) => state.free_since = Some(now),
+            (false, Some(since)) => {
+                state.free_since = None;
+                self.longest_free_sleep = self.longest_free_sleep.max(now - since);
+            }
+            _ => {}
+        }
+    }
+
+    fn start_waiting(&mut self, key: usize) {
+        self.keys.entry(key).or_default().waiting += 1;
+        self.update_free(key, Instant::now());
+    }
+
+    fn stop_waiting(&mut self, key: usize) {
+        self.keys.entry(key).or_default().waiting -= 1;
+        self.update_free(key, Instant::now());
+    }
+
+    fn enter(&mut self, call: usize, key: usize, kind: Kind) {
+        let state = self.keys.entry(key).or_default();
+        let compatible = state.holders.iter().all(|(_, held)| match (held, kind) {
+            (Kind::Read, Kind::Read) => true,
+            (Kind::Permits(a), Kind::Permits(b)) => *a == b && state.holders.len() < b as usize,
+            _ => false,
+        });
+        if !compatible {
+            self.violations.push(format!(
+                "call {call} ({kind:?}) entered key {key} held by {:?}",
+                state.holders
+            ));
+        }
+        state.holders.push((call, kind));
+        self.update_free(key, Instant::now());
+    }
+
+    fn leave(&mut self, call: usize, key: usize) {
+        let state = self.keys.entry(key).or_default();
+        state.holders.retain(|(holder, _)| *holder != call);
+        self.update_free(key, Instant::now());
+    }
+}
+
+/// Runs `scenario` on `clients` (keys named after `case`); the callers' outcomes and the model.
+async fn run(
+    scenario: &Scenario,
+    clients: &[LockClient],
+    case: u64,
+) -> (Vec<Result<(), LockError>>, Model) {
+    let model = Arc::new(Mutex::new(Model::default()));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (index, call) in scenario.calls.iter().cloned().enumerate() {
+        let (locks, model) = (clients[call.client].clone(), model.clone());
+        let key = format!("{{combo{case}}}:{}", call.key);
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(started + call.start).await;
+            let waits = call.wait.is_some();
+            if waits {
+                model.lock().unwrap().start_waiting(call.key);
+            }
+            let work = {
+                let model = model.clone();
+                async move {
+                    {
+                        let mut model = model.lock().unwrap();
+                        if waits {
+                            model.stop_waiting(call.key);
+                        }
+                        model.enter(index, call.key, call.kind);
+                    }
+                    tokio::time::sleep(call.hold).await;
+                    model.lock().unwrap().leave(index, call.key);
+                }
+            };
+            let outcome = locks.run_locked(key, call.options(), work).await;
+            if waits && outcome.is_err() {
+                model.lock().unwrap().stop_waiting(call.key);
+            }
+            outcome
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("a caller panicked"));
+    }
+    let model = Arc::try_unwrap(model)
+        .unwrap_or_else(|_| unreachable!("every caller is done"))
+        .into_inner()
+        .unwrap();
+    (outcomes, model)
+}
+
+/// The case's verdict: every waiter got the lock, no two incompatible holders met, no waiter
+/// slept on a free key too long.
+fn check(
+    scenario: &Scenario,
+    outcomes: &[Result<(), LockError>],
+    model: &Model,
+) -> Result<(), TestCaseError> {
+    prop_assert!(
+        model.violations.is_empty(),
+        "incompatible holders: {:?}",
+        model.violations
+    );
+    for (call, outcome) in scenario.calls.iter().zip(outcomes) {
+        match outcome {
+            Ok(()) => {}
+            Err(LockError::Busy { .. }) if call.wait.is_none() => {}
+            Err(error) => prop_assert!(false, "{call:?} ended with {error:?}"),
+        }
+    }
+    prop_assert!(
+        model.longest_free_sleep < FREE_SLEEP_LIMIT,
+        "a waiter slept {:?} on a free key",
+        model.longest_free_sleep
+    );
+    Ok(())
+}
+
+/// Runs `cases` generated scenarios against three clients of `deployment` (a case uses the
+/// first one to three of them; keys are new in each case).
+fn generate(deployment: &impl Deployment, name: &str, cases: u32) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let clients = runtime.block_on(async {
+        vec![
+            deployment.client().await,
+            deployment.another_client().await,
+            deployment.another_client().await,
+        ]
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: cases_or(cases),
+        max_shrink_iters: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::cell::Cell::new(0u64);
+    let longest = std::cell::Cell::new(Duration::ZERO);
+    let outcome = runner.run(&scenario(deployment.offers_fencing()), |scenario| {
+        case.set(case.get() + 1);
+        runtime.block_on(async {
+            let (outcomes, model) = run(&scenario, &clients[..scenario.clients], case.get()).await;
+            longest.set(longest.get().max(model.longest_free_sleep));
+            check(&scenario, &outcomes, &model)
+        })
+    });
+    eprintln!(
+        "{name}: {} cases; longest sleep of a waiter on a free key: {:?}",
+        case.get(),
+        longest.get()
+    );
+    if let Err(failure) = outcome {
+        panic!("{name}: {failure}");
+    }
+}
+
+#[test]
+fn combinations_on_one_redis() {
+    generate(&SingleRedis::start(), "one Redis", 48);
+}
+
+#[test]
+fn combinations_on_a_cluster() {
+    generate(&Cluster::start(), "Cluster", 24);
+}
+
+#[test]
+fn combinations_in_memory() {
+    generate(&InMemory::start(), "in memory", 96);
+}
+
+#[test]
+fn the_model_sees_incompatible_holders_and_sleeps_on_free_keys() {
+    let mut model = Model::default();
+    model.enter(0, 0, Kind::Read);
+    model.enter(1, 0, Kind::Read);
+    assert!(model.violations.is_empty());
+    model.enter(2, 0, Kind::Exclusive);
+    assert_eq!(model.violations.len(), 1);
+    let mut model = Model::default();
+    model.enter(0, 1, Kind::Permits(2));
+    model.enter(1, 1, Kind::Permits(2));
+    model.enter(2, 1, Kind::Permits(2));
+    assert_eq!(model.violations.len(), 1, "a third holder of two permits");
+}
+
+/// `PROPTEST_CASES` from the environment when set (a deeper run by hand), else `cases`.
+fn cases_or(cases: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(cases)
+}
