@@ -25,6 +25,7 @@ macro_rules! conformance {
                 a_waiter_gives_up_as_busy_when_its_wait_runs_out,
                 a_waiter_is_woken_by_the_release,
                 no_waiter_sleeps_on_a_lock_freed_after_a_hand_over,
+                fenced_waiters_of_one_client_follow_each_other_at_once,
                 a_nested_call_reenters_and_only_the_outer_releases,
                 a_spawned_task_is_another_owner,
                 fencing_tokens_strictly_increase,

@@ -853,3 +853,44 @@ pub async fn no_waiter_sleeps_on_a_lock_freed_after_a_hand_over(deployment: &imp
     assert_the_second_waiter_follows_at_once(deployment, "handed:1", false).await;
     assert_the_second_waiter_follows_at_once(deployment, "handed:2", true).await;
 }
+
+/// Shrunk by the generated test (`tests/combinations.rs`) from a failure on one Redis: two
+/// fenced waiters of one client park behind a holder; the first in is followed by the second at
+/// once. Before each release of a client woke its own waiters, the second slept until the first
+/// holder's lease would have run out (its mark went with that holder's key).
+pub async fn fenced_waiters_of_one_client_follow_each_other_at_once(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let key = "fenced-turns:1";
+    let holder = locks.acquire(key, opts(30_000)).await.unwrap();
+    let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
+    let fencing = deployment.offers_fencing();
+    let waiter = |name: &'static str| {
+        let (locks, entered) = (locks.clone(), entered.clone());
+        tokio::spawn(async move {
+            let options = opts(30_000).fencing(fencing).wait(Duration::from_secs(20));
+            locks
+                .run_locked(key, options, async move {
+                    entered.send((name, Instant::now())).unwrap();
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                })
+                .await
+        })
+    };
+    // Both at once: each finds the key busy before the other waits, so both park on the
+    // holder's release (not on a turn behind the other).
+    let (first, second) = (waiter("first"), waiter("second"));
+    parked(&locks, key, 2).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    let (_, first_in) = entries.recv().await.unwrap();
+    let (_, second_in) = entries.recv().await.unwrap();
+    assert!(
+        first_in - released_at < Duration::from_secs(2)
+            && second_in - first_in < Duration::from_secs(2),
+        "in {:?} and {:?} after the release",
+        first_in - released_at,
+        second_in - released_at
+    );
+}

@@ -3,7 +3,9 @@
 //!
 //! It keeps Redis's semantics, not a toy's: a lease is a key with a token and an expiry, taken
 //! only when free, extended only while it holds our token, released by compare-and-delete with
-//! an announcement, expiring silently (as Redis keys do) when its time is up. Time is tokio's
+//! an announcement when a waiter marked it (as the scripts do, so that a waiting defect that
+//! depends on the mark shows here too), expiring silently (as Redis keys do) when its time is
+//! up. Fencing tokens follow the clock floor of `protocol::fencing_floor`, as Redis's do. Time is tokio's
 //! clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
 //! milliseconds. [`MemoryHooks`] provokes what is rare against a real Redis.
 
@@ -64,6 +66,9 @@ enum Held {
     Exclusive {
         token: String,
         expires: Instant,
+        /// A caller that waits found it busy (Redis's value carries the waited mark): only
+        /// then is its release announced, as in Redis.
+        waited: bool,
     },
     Shared {
         kind: LockKind,
@@ -78,6 +83,7 @@ impl Held {
             Self::Exclusive {
                 token: holder,
                 expires,
+                ..
             } => holder == token && *expires > now,
             Self::Shared { holders, .. } => {
                 holders.get(token).is_some_and(|expires| *expires > now)
@@ -150,6 +156,8 @@ impl Data {
                     Held::Exclusive {
                         token,
                         expires: lease_end,
+                        // Fair waiters all look at each release: a fair holder's is announced.
+                        waited: request.fair,
                     },
                 );
             }
@@ -157,6 +165,7 @@ impl Data {
                 // A call retried after it ran finds itself; anything else keeps it out.
                 if !(matches!(held, Held::Exclusive { .. }) && held.held_by(request.token, now)) {
                     let remaining = held.expires().saturating_duration_since(now);
+
                     if matches!(held, Held::Shared { .. }) && request.waiting {
                         // A writer waiting on readers keeps new readers out.
                         let token = request.token.to_owned();
@@ -277,6 +286,12 @@ impl Store for MemoryStore {
             let now = Instant::now();
             let mut data = self.data();
             if let Err(remaining) = data.take(&request, now) {
+                if request.waiting
+                    && let Some(Held::Exclusive { waited, .. }) = data.live(request.key, now)
+                {
+                    // As the script's busy path: a caller that waits marks an exclusive holder.
+                    *waited = true;
+                }
                 if request.fair && request.waiting {
                     data.keep_place(&request, now);
                 }
@@ -305,7 +320,7 @@ impl Store for MemoryStore {
             leases
                 .iter()
                 .map(|lease| match data.live(lease.key, now) {
-                    Some(Held::Exclusive { token, expires }) if token == lease.token => {
+                    Some(Held::Exclusive { token, expires, .. }) if token == lease.token => {
                         *expires = now + lease.ttl;
                         Renewal::Extended
                     }
@@ -323,25 +338,28 @@ impl Store for MemoryStore {
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             self.injected_failure()?;
-            let ours = {
+            // (ours, announced): as the release script, an exclusive lock's release is announced
+            // only when a waiter marked it; a shared holder's always.
+            let (ours, announced) = {
                 let mut data = self.data();
                 let now = Instant::now();
                 match data.live(lease.key, now) {
                     Some(held @ Held::Exclusive { .. }) if held.held_by(lease.token, now) => {
+                        let waited = matches!(held, Held::Exclusive { waited: true, .. });
                         data.locks.remove(lease.key);
-                        true
+                        (true, waited)
                     }
                     Some(Held::Shared { holders, .. }) => {
                         let ours = holders.remove(lease.token).is_some();
                         if holders.is_empty() {
                             data.locks.remove(lease.key);
                         }
-                        ours
+                        (ours, ours)
                     }
-                    _ => false,
+                    _ => (false, false),
                 }
             };
-            if ours {
+            if announced {
                 self.announce(lease);
             }
             Ok(ours)
@@ -505,6 +523,7 @@ impl MemoryHooks {
             Held::Exclusive {
                 token: token.clone(),
                 expires: Instant::now() + ttl,
+                waited: false,
             },
         );
         token
