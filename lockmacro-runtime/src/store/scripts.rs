@@ -132,11 +132,11 @@ pub(crate) fn acquired(request: &AcquireRequest<'_>, (taken, value): (i64, i64))
 pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) -> redis::Cmd {
     let mut cmd = evalsha(
         &RELEASE,
-        1,
+        2,
         4,
         lease.key.len() + lease.token.len() + channel.len() + 7,
     );
-    cmd.arg(lease.key).arg(lease.token).arg(channel);
+    cmd.arg(lease.key).arg(channel).arg(lease.token);
     announce.mark(&mut cmd);
     cmd
 }
@@ -151,15 +151,15 @@ pub(crate) fn hand_over(
 ) -> redis::Cmd {
     let mut cmd = evalsha(
         &HAND_OVER,
-        1,
+        2,
         6,
         lease.key.len() + lease.token.len() + next.token.len() + channel.len() + 27,
     );
     cmd.arg(lease.key)
+        .arg(channel)
         .arg(lease.token)
         .arg(next.token)
-        .arg(millis(next.ttl))
-        .arg(channel);
+        .arg(millis(next.ttl));
     announce.mark(&mut cmd);
     cmd
 }

@@ -4,9 +4,10 @@
 -- '+'): whoever marked it still waits, and the next release must be announced to it. When a waiter marked the key (our token followed by '+', see acquire.lua)
 -- and another client is subscribed to the key's releases (one of its callers waits too), the
 -- lock is released and announced instead, so a busy client cannot keep a key to itself.
--- KEYS[1] = lock key; ARGV[1] = our token; ARGV[2] = the next holder's token; ARGV[3] = its ttl
--- in ms; ARGV[4] = the release channel; ARGV[5] = 'sharded' for a cluster's sharded channel
--- (counted by SHARDNUMSUB, announced by SPUBLISH), absent otherwise (NUMSUB, PUBLISH).
+-- KEYS[1] = lock key; KEYS[2] = the release channel (a key here, so that a cluster refuses a
+-- channel outside the key's slot); ARGV[1] = our token; ARGV[2] = the next holder's token;
+-- ARGV[3] = its ttl in ms; ARGV[4] = 'sharded' for a cluster's sharded channel (counted by
+-- SHARDNUMSUB, announced by SPUBLISH), absent otherwise (NUMSUB, PUBLISH).
 -- Returns 1 when handed over, 2 when released and announced instead, 0 when the key was not
 -- ours (nothing changed).
 local key, token = KEYS[1], ARGV[1]
@@ -18,11 +19,11 @@ if holder ~= token then
   end
   -- Our own client's subscription is one; any other is another client waiting. A user the
   -- ACL does not allow to count subscribers gets a plain release and announcement.
-  local sharded = ARGV[5] == 'sharded'
-  local subscribers = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', ARGV[4])
+  local sharded = ARGV[4] == 'sharded'
+  local subscribers = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
   if subscribers.err or subscribers[2] > 1 then
     redis.call('DEL', key)
-    redis.call(sharded and 'SPUBLISH' or 'PUBLISH', ARGV[4], token)
+    redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], token)
     return 2
   end
   next_value = next_value .. '+'

@@ -2,9 +2,10 @@
 -- lock's key is deleted; a shared lock's holder leaves, and the key goes with its last holder.
 -- An exclusive lock is announced only when a waiter marked it (its token followed by '+', see
 -- acquire.lua): a release nobody waits for costs no PUBLISH.
--- KEYS[1] = lock key; ARGV[1] = our token; ARGV[2] = the release channel; ARGV[3] = 'sharded'
--- for a cluster's sharded channel (announced by SPUBLISH), absent otherwise (PUBLISH): one
--- argument fewer for Redis to read on every release of a single server.
+-- KEYS[1] = lock key; KEYS[2] = the release channel (a key here, so that a cluster refuses a
+-- channel outside the key's slot rather than announce where nobody listens); ARGV[1] = our
+-- token; ARGV[2] = 'sharded' for a cluster's sharded channel (announced by SPUBLISH), absent
+-- otherwise (PUBLISH): one argument fewer for Redis to read on every release of a single server.
 -- The message is the released token, which tells one release from the next.
 -- Returns 1 when our lease was removed, 0 when it was not ours (gone, another token, another
 -- type).
@@ -39,5 +40,5 @@ elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
 else
   return 0
 end
-redis.call(ARGV[3] == 'sharded' and 'SPUBLISH' or 'PUBLISH', ARGV[2], token)
+redis.call(ARGV[2] == 'sharded' and 'SPUBLISH' or 'PUBLISH', KEYS[2], token)
 return 1
