@@ -17,6 +17,7 @@ use crate::context;
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::metrics::End;
+use crate::right::ReleaseRight;
 use crate::state::LeaseState;
 
 /// A held lock. Renewed in the background while alive; released when [`release`](Lease::release)d
@@ -28,10 +29,6 @@ use crate::state::LeaseState;
 pub struct Lease {
     state: Arc<LeaseState>,
     engine: Arc<Engine>,
-    /// Cleared only once the release is confirmed (or the lease is known lost).
-    armed: bool,
-    /// This guard took on releasing it (the client's shutdown may take it on instead).
-    claimed: bool,
 }
 
 impl std::fmt::Debug for Lease {
@@ -47,12 +44,7 @@ impl std::fmt::Debug for Lease {
 
 impl Lease {
     pub(crate) fn new(state: Arc<LeaseState>, engine: Arc<Engine>) -> Self {
-        Self {
-            state,
-            engine,
-            armed: true,
-            claimed: false,
-        }
+        Self { state, engine }
     }
 
     /// The Redis key.
@@ -151,20 +143,16 @@ impl Lease {
     /// # Cancellation safety
     /// Dropping the returned future before Redis answered hands the release to the background,
     /// as dropping the `Lease` does.
-    pub async fn release(mut self) -> Result<(), LockError> {
+    pub async fn release(self) -> Result<(), LockError> {
         let state = &self.state;
         state.record_end(End::Ok);
-        self.claimed = !state.is_lost() && state.claim_release();
-        if !self.claimed {
-            // Lost, or the client's shutdown took its release on.
-            self.engine.forget(state);
-            self.armed = false;
+        // Lost, or the client's shutdown took its release on: nothing of ours to release.
+        let Some(right) = ReleaseRight::claim(state, self.engine.clone()) else {
             return Ok(());
-        }
-        // Until this answer arrives the guard stays armed: a drop meanwhile releases in the
-        // background, and an error below leaves the retry to `Drop`.
-        let deleted = self.engine.release(state).await?;
-        self.armed = false;
+        };
+        // The right travels with the request: dropping this future before the answer, or an
+        // error, releases in the background.
+        let deleted = self.engine.release(right).await?;
         if deleted {
             tracing::debug!(key = %state.key, "lock released");
         } else {
@@ -176,21 +164,12 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
+        // Recorded once: after `release` this records nothing, and its right is spent.
         self.state.record_end(if std::thread::panicking() {
             End::Panic
         } else {
             End::Cancelled
         });
-        // A release of this guard's cut short before its answer goes on in the background; so
-        // does one nobody took on yet. The client's shutdown releases the rest itself.
-        let ours = !self.state.is_lost() && (self.claimed || self.state.claim_release());
-        if ours {
-            self.engine.release_in_background(&self.state);
-        } else {
-            self.engine.forget(&self.state);
-        }
+        drop(ReleaseRight::claim(&self.state, self.engine.clone()));
     }
 }

@@ -56,6 +56,7 @@ mod error;
 mod key;
 mod metrics;
 mod options;
+mod right;
 mod rt;
 mod state;
 // The seam and the deployments behind it: the only users of `redis`.

@@ -217,8 +217,14 @@ impl LeaseState {
     }
 
     /// Takes on releasing it: `true` for the first to ask (its guard, or the client's shutdown).
+    /// Only [`ReleaseRight`](crate::right::ReleaseRight) asks.
     pub(crate) fn claim_release(&self) -> bool {
         !self.release_claimed.swap(true, Ordering::AcqRel)
+    }
+
+    /// Nobody has taken on releasing it (again).
+    pub(crate) fn unclaim_release(&self) {
+        self.release_claimed.store(false, Ordering::Release);
     }
 
     /// The error that ends work cut short by this lease.

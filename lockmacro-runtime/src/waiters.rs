@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::Background;
 use crate::clock::Backoff;
-use crate::engine::Handing;
 use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
+use crate::right::ReleaseRight;
 use crate::store::{ReleaseFeed, Store, StoreError};
 
 pub(crate) struct WaitQueue {
@@ -51,6 +51,21 @@ struct KeyWaiters {
     /// The token of this client's last release of the key: its waiters were woken already, so
     /// the announcement of that release is no news.
     released_here: Mutex<Option<String>>,
+}
+
+/// What a release of this client did for a waiter that offered to be handed the lock.
+pub(crate) enum Handing {
+    /// The lock is the waiter's now: a lease registered with the watchdog, and the right to
+    /// release it (released in the background if the waiter is gone before it takes it).
+    Handed(ReleaseRight),
+    /// Another client waits too: the lock was released and announced instead. The waiter
+    /// waits for that announcement, as the other client's waiters do.
+    Declined,
+    /// The lease was no longer the releaser's: the waiter looks again now.
+    Look,
+    /// The hand-over got no answer: the waiter's token may hold the key. It is given up
+    /// (released in the background) and the waiter goes on with a new one.
+    Uncertain,
 }
 
 /// A parked waiter that offered to take the lock straight from a release of this client.

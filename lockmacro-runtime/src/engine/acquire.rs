@@ -1,0 +1,153 @@
+//! Taking a lock: at once, or by waiting (`wait.rs`), then registering the lease with the
+//! watchdog.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Engine, Waited, new_token, next_lease_id};
+use crate::clock;
+use crate::error::LockError;
+use crate::metrics::{self, Prefix};
+use crate::options::{LockKind, LockOptions};
+use crate::right::ReleaseRight;
+use crate::rt::{self, Driver};
+use crate::state::LeaseState;
+use crate::store::{AcquireRequest, Acquired};
+
+/// What one attempt found.
+pub(super) enum Attempt {
+    Taken(Arc<LeaseState>),
+    Busy { remaining: Option<Duration> },
+}
+
+impl Engine {
+    /// Takes `key` (waiting for it when `options` say so) and registers the lease with the
+    /// watchdog.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        key: String,
+        options: &LockOptions,
+    ) -> Result<Arc<LeaseState>, LockError> {
+        let prefix = Prefix::of(options.label, &key);
+        // Read only for a wait's metrics: a clock read is not free.
+        let started = options.wait.map(|_| Instant::now());
+        let taken = self.take(key, options).await;
+        let outcome = match &taken {
+            Ok(_) => "acquired",
+            Err(LockError::Busy { .. }) => "busy",
+            Err(_) => "error",
+        };
+        metrics::acquisition(&prefix, outcome);
+        if let Some(started) = started {
+            let waited = match &taken {
+                Ok((_, Waited::No)) => Duration::ZERO,
+                _ => started.elapsed(),
+            };
+            metrics::waited(&prefix, waited);
+        }
+        taken.map(|(lease, _)| lease)
+    }
+
+    async fn take(
+        self: &Arc<Self>,
+        key: String,
+        options: &LockOptions,
+    ) -> Result<(Arc<LeaseState>, Waited), LockError> {
+        rt::require(Driver::Time)?;
+        check(options)?;
+        self.shut(&key)?;
+        self.background.ensure_running();
+        let (lease, waited) = self.acquire_or_wait(key, options).await?;
+        if self.closing.is_closed() {
+            // Taken while the client shut down: give it back at once.
+            // Unconfirmed, the right drops: released in the background.
+            if let Some(right) = ReleaseRight::claim(&lease, self.clone())
+                && self.store.release(lease.lease_ref()).await.is_ok()
+            {
+                right.disarm();
+            }
+            return Err(LockError::ShutDown {
+                key: lease.key.clone(),
+            });
+        }
+        Ok((lease, waited))
+    }
+
+    async fn acquire_or_wait(
+        &self,
+        key: String,
+        options: &LockOptions,
+    ) -> Result<(Arc<LeaseState>, Waited), LockError> {
+        let Some(wait) = options.wait else {
+            return match self.try_acquire(&key, new_token(), options, false).await? {
+                Attempt::Taken(lease) => Ok((lease, Waited::No)),
+                Attempt::Busy { remaining } => Err(LockError::Busy {
+                    key,
+                    retry_after: remaining,
+                }),
+            };
+        };
+        // Boxed: the waiting path's state machine is large, and inline it would make every
+        // caller's future as large, copied on each acquisition, waiting or not.
+        Box::pin(self.wait_for(key, options, wait)).await
+    }
+
+    /// One attempt to take `key`; a `waiting` attempt keeps the caller's place when busy.
+    pub(super) async fn try_acquire(
+        &self,
+        key: &str,
+        token: String,
+        options: &LockOptions,
+        waiting: bool,
+    ) -> Result<Attempt, LockError> {
+        let ttl = options.ttl;
+        // A reply later than the lease itself is worthless: the lock may have lapsed already.
+        let budget = self.response_timeout.min(
+            ttl.saturating_sub(clock::drift(ttl))
+                .max(Duration::from_millis(1)),
+        );
+        let request = AcquireRequest {
+            key,
+            token: &token,
+            kind: options.kind,
+            ttl,
+            fencing: options.fencing,
+            waiting,
+            fair: options.fair,
+        };
+        let sent_at = clock::now();
+        match metrics::timed("acquire", self.store.acquire(request, budget)).await {
+            Ok(Acquired::Taken { fencing_token }) => {
+                let lease = Arc::new(LeaseState::new(
+                    next_lease_id(),
+                    self.id,
+                    key.to_owned(),
+                    token,
+                    options,
+                    fencing_token,
+                    sent_at,
+                ));
+                self.renewals.register(lease.clone());
+                tracing::debug!(key = %key, ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
+                Ok(Attempt::Taken(lease))
+            }
+            Ok(Acquired::Busy { remaining }) => {
+                tracing::debug!(key = %key, "lock busy");
+                Ok(Attempt::Busy { remaining })
+            }
+            Err(error) => Err(error.into_lock_error(Some(key))),
+        }
+    }
+}
+
+/// Options that can only be refused at run time.
+pub(super) fn check(options: &LockOptions) -> Result<(), LockError> {
+    match options.kind {
+        LockKind::Permits(0) => Err(LockError::InvalidOptions {
+            message: "`permits` must be at least 1: a semaphore of no permits is never free".into(),
+        }),
+        _ => Ok(()),
+    }
+}

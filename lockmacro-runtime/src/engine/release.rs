@@ -1,0 +1,108 @@
+//! Releasing a lease: a compare-and-delete, or a hand-over to the next waiter of this client;
+//! either way this client's waiters for the key look again.
+
+use std::sync::Arc;
+
+use super::{Engine, next_lease_id};
+use crate::clock;
+use crate::error::LockError;
+use crate::metrics;
+use crate::options::LockKind;
+use crate::right::ReleaseRight;
+use crate::state::LeaseState;
+use crate::store::{HandOver, HandsOver, LeaseRef};
+use crate::waiters::{Candidate, Handing};
+
+impl Engine {
+    /// Releases the lease `right` holds and waits for the answer: `true` when it was ours and
+    /// is gone now, or handed to the next waiter of this client. The right is disarmed once the
+    /// answer came; dropped before it (or on an error), it releases in the background.
+    pub(crate) async fn release(self: &Arc<Self>, right: ReleaseRight) -> Result<bool, LockError> {
+        let lease = right.lease().clone();
+        self.renewals.deregister(lease.id);
+        if lease.kind == LockKind::Exclusive
+            && let Some(store) = self.store.hands_over()
+            && !self.closing.is_closed()
+            && let Some(next) = self.waits.next_candidate(&lease.key)
+        {
+            // Boxed, as the waiting path is: it stays out of every release's future.
+            return Box::pin(self.hand_over(store, right, next)).await;
+        }
+        let released = metrics::timed("release", self.store.release(lease.lease_ref()))
+            .await
+            .map_err(|error| error.into_lock_error(Some(&lease.key)))?;
+        right.disarm();
+        metrics::release(&lease.prefix, "confirmed");
+        if released {
+            self.waits.released_here(&lease.key, &lease.token);
+        }
+        Ok(released)
+    }
+
+    /// Passes the lease `right` holds straight to `next`, a parked waiter of this client,
+    /// unless another client waits for the key too (then it is released and announced, and
+    /// `next` looks again).
+    async fn hand_over(
+        self: &Arc<Self>,
+        store: &dyn HandsOver,
+        right: ReleaseRight,
+        next: Candidate,
+    ) -> Result<bool, LockError> {
+        let lease = right.lease().clone();
+        let to = LeaseRef {
+            key: &lease.key,
+            token: &next.token,
+            kind: LockKind::Exclusive,
+            ttl: next.options.ttl,
+        };
+        tracing::debug!(key = %lease.key, "handing the lock to the next waiter of this client");
+        let sent_at = clock::now();
+        let outcome = metrics::timed("release", store.hand_over(lease.lease_ref(), to)).await;
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                // The key may hold either token now. Ours is released in the background (the
+                // right drops here); the waiter gives its own up (or, gone, has it given up).
+                drop(right);
+                let (key, token, options) = (lease.key.clone(), next.token.clone(), next.options);
+                if next.tell(Handing::Uncertain).is_err() {
+                    self.give_up_token(&key, &token, &options);
+                }
+                return Err(error.into_lock_error(Some(&lease.key)));
+            }
+        };
+        right.disarm();
+        match outcome {
+            HandOver::Handed => {
+                metrics::release(&lease.prefix, "confirmed");
+                let handed = Arc::new(LeaseState::new(
+                    next_lease_id(),
+                    self.id,
+                    lease.key.clone(),
+                    next.token.clone(),
+                    &next.options,
+                    None,
+                    sent_at,
+                ));
+                self.renewals.register(handed.clone());
+                tracing::debug!(key = %lease.key, "lock handed to the next waiter of this client");
+                // Nobody else knows the new lease yet: its right is free to claim. A waiter gone
+                // meanwhile gets it back here, and dropping it releases the lease.
+                if let Some(right) = ReleaseRight::claim(&handed, self.clone()) {
+                    let _ = next.tell(Handing::Handed(right));
+                }
+                Ok(true)
+            }
+            HandOver::Released => {
+                metrics::release(&lease.prefix, "confirmed");
+                let _ = next.tell(Handing::Declined);
+                self.waits.released_here(&lease.key, &lease.token);
+                Ok(true)
+            }
+            HandOver::NotOurs => {
+                let _ = next.tell(Handing::Look);
+                Ok(false)
+            }
+        }
+    }
+}
