@@ -9,8 +9,12 @@
 //! - Renewal: one batch per master per tick, all at once; a lease is extended when a majority
 //!   confirmed it, lost when a majority says it is not ours, and otherwise retried. A failed
 //!   tick never releases anything.
-//! - Release: on every master; answered once a majority answered, the rest finish in the
+//! - Release: sent to every master from the caller (so it reaches each master ahead of the
+//!   caller's next acquire there); answered once a majority answered, the rest finish in the
 //!   background.
+//! - Hand-over: a release passes the lock to the next waiter of the same client on every master
+//!   at once, handed when a majority handed it; otherwise the waiter's token is taken back
+//!   wherever it landed. One client's waiters never compete with each other for a majority.
 //! - Waiting: announcements from every master, one per release (they carry the released token).
 //! - Fencing is refused: the largest counter over a quorum need not grow, since the next holder's
 //!   quorum may miss the master that counted the last token.
