@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockmacro_runtime::{Lease, LockClient, LockContext, LockError, LockOptions};
+use lockmacro_runtime::{Lease, LockContext, LockError, LockOptions};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use testkit::{Deployment, InMemory, SingleRedis};
