@@ -163,6 +163,22 @@ impl LockClient {
         }
     }
 
+    /// Without the `test-util` feature there is no in-memory client: this stand-in only turns a
+    /// call into a compile error that says which feature to enable.
+    ///
+    #[cfg_attr(
+        not(feature = "test-util"),
+        doc = "```compile_fail\nlet locks = lockmacro_runtime::LockClient::in_memory();\n```"
+    )]
+    #[cfg(not(feature = "test-util"))]
+    #[doc(hidden)]
+    pub fn in_memory() -> Self
+    where
+        for<'a> &'a (): crate::__private::NeedsTestUtil,
+    {
+        unreachable!("`NeedsTestUtil` has no implementation")
+    }
+
     /// The test hooks of an in-memory client ([`in_memory`](Self::in_memory)); `None` for others.
     #[cfg(feature = "test-util")]
     pub fn memory_hooks(&self) -> Option<crate::MemoryHooks> {
@@ -184,6 +200,11 @@ impl LockClient {
     /// [`LockError::Redis`] when Redis fails while acquiring (the work never ran),
     /// [`LockError::RenewalsExhausted`] or [`LockError::Lost`] when the work was cut short,
     /// [`LockError::InvalidKey`] for an empty or over-long key.
+    ///
+    /// # Panics
+    /// When called on a tokio runtime built without timers or IO (tokio's own panic names the
+    /// builder call to add: `enable_time`, `enable_io`, or `enable_all`). Outside any tokio
+    /// runtime it is a [`LockError::Config`] instead.
     ///
     /// # Cancellation safety
     /// Dropping the future at any point releases the lock (in the background) if it was taken.
@@ -240,6 +261,9 @@ impl LockClient {
     ///
     /// # Errors
     /// As [`run_locked`](Self::run_locked) for acquiring.
+    ///
+    /// # Panics
+    /// As [`run_locked`](Self::run_locked): on a tokio runtime without timers or IO.
     ///
     /// # Cancellation safety
     /// If dropped while the `SET` is in flight, the key (if it was set) is released in the
