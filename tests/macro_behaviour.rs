@@ -301,7 +301,10 @@ async fn axum_app_started_with_redis_down_answers_503_until_redis_is_back() {
             break;
         }
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(Instant::now() < deadline, "still {status} 10 s after Redis came back");
+        assert!(
+            Instant::now() < deadline,
+            "still {status} 10 s after Redis came back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -343,7 +346,10 @@ async fn debug_of_an_unreachable_redis_shows_no_empty_fields() {
         .await
         .expect_err("nothing listens there");
     let debug = format!("{error:?}");
-    assert!(debug.starts_with("Redis { source: Unreachable { server: "), "{debug}");
+    assert!(
+        debug.starts_with("Redis { source: Unreachable { server: "),
+        "{debug}"
+    );
     for empty in ["key: None", "hint: \"\"", "Shared("] {
         assert!(!debug.contains(empty), "{empty:?} in {debug}");
     }

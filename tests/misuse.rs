@@ -62,7 +62,9 @@ fn a_runtime_without_timers_panics_with_tokios_message_naming_enable_time() {
 /// Outside any tokio runtime, a locked call is an error that says what it needs, not a panic.
 #[test]
 fn outside_a_tokio_runtime_is_a_config_error() {
-    let locks = LockClient::builder("redis://127.0.0.1:1").build_lazy().unwrap();
+    let locks = LockClient::builder("redis://127.0.0.1:1")
+        .build_lazy()
+        .unwrap();
     // Polled once, by hand: no runtime may be around.
     let call = std::pin::pin!(locks.run_locked("no-runtime:1", opts(5_000), async {}));
     let mut context = std::task::Context::from_waker(std::task::Waker::noop());

@@ -181,7 +181,10 @@ mod tests {
             key: None,
             source: "connection refused".into(),
         };
-        assert_eq!(format!("{error:?}"), r#"Redis { source: "connection refused" }"#);
+        assert_eq!(
+            format!("{error:?}"),
+            r#"Redis { source: "connection refused" }"#
+        );
         let error = LockError::Busy {
             key: "k".into(),
             retry_after: None,

@@ -33,10 +33,12 @@ impl Prefix {
     /// key itself would be a label value per key, an unbounded series count.
     pub(crate) fn of(given: Option<&'static str>, key: &str) -> Self {
         #[cfg(feature = "metrics")]
-        return Self(Arc::from(given.unwrap_or_else(|| match key.split_once(':') {
-            Some((prefix, _)) => prefix,
-            None => NO_PREFIX,
-        })));
+        return Self(Arc::from(given.unwrap_or_else(
+            || match key.split_once(':') {
+                Some((prefix, _)) => prefix,
+                None => NO_PREFIX,
+            },
+        )));
         #[cfg(not(feature = "metrics"))]
         {
             let _ = (given, key);

@@ -41,7 +41,10 @@ pub(crate) fn require_all(drivers: &[Driver]) -> Result<Id, LockError> {
 
 /// "timers", "timers and IO": what the runtime builder must enable.
 fn needs(drivers: &[Driver]) -> &'static str {
-    match (drivers.contains(&Driver::Time), drivers.contains(&Driver::Io)) {
+    match (
+        drivers.contains(&Driver::Time),
+        drivers.contains(&Driver::Io),
+    ) {
         (true, true) => "timers and IO (`enable_all()`)",
         (false, true) => "IO (`enable_io()`)",
         _ => "timers (`enable_time()`)",

@@ -208,7 +208,9 @@ pub(crate) fn check_key(key: Option<&Expr>, func: &ItemFn) -> syn::Result<()> {
         let Some(name) = path.path.get_ident() else {
             continue;
         };
-        let starts_lowercase = name.to_string().starts_with(|c: char| c.is_lowercase() || c == '_');
+        let starts_lowercase = name
+            .to_string()
+            .starts_with(|c: char| c.is_lowercase() || c == '_');
         if path.qself.is_none() && starts_lowercase && !names.iter().any(|bound| bound == name) {
             let listed = match names.as_slice() {
                 [] => format!("`{}` takes no parameters", func.sig.ident),
