@@ -331,13 +331,12 @@ fn invalid(url: &str, why: String) -> LockError {
     }
 }
 
-#[cfg(test)]
+/// Without `tls-insecure`, `#insecure` is refused when building, with the feature named, rather
+/// than failing at the first connection.
+#[cfg(all(test, not(feature = "tls-insecure")))]
 mod tests {
     use crate::{LockClient, LockError};
 
-    /// Without `tls-insecure`, `#insecure` is refused when building, with the feature named,
-    /// rather than failing at the first connection.
-    #[cfg(not(feature = "tls-insecure"))]
     #[test]
     fn insecure_tls_without_its_feature_is_a_config_error_naming_the_feature() {
         let error = LockClient::builder("rediss://127.0.0.1:6380/#insecure")
