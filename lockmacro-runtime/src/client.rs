@@ -81,8 +81,10 @@ impl LockClient {
     ///
     /// ```no_run
     /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-    /// use lockmacro_runtime::LockClient;
+    /// use lockmacro_runtime::{LockClient, redis};
     ///
+    /// // `lockmacro_runtime::redis` is the redis-rs this crate is built on, whatever version of
+    /// // `redis` the application itself depends on.
     /// let redis = redis::Client::open("redis://127.0.0.1:6379")?;
     /// let locks = LockClient::builder_from_client(redis.clone()).build().await?;
     /// # Ok(()) }
