@@ -123,7 +123,8 @@ impl LockClient {
     /// It keeps Redis's semantics (leases expire, the watchdog renews them, `max_renewals`,
     /// `Busy`, `Lost`, waiting woken on release, fencing, reentrancy, release on drop), and its
     /// watchdog runs on the runtime that uses it, so under `#[tokio::test(start_paused = true)]`
-    /// a test crosses a 30 s lease in milliseconds. [`memory_hooks`](Self::memory_hooks)
+    /// a test crosses a 30 s lease in milliseconds (`start_paused` is tokio's: it needs tokio's
+    /// own `test-util` feature in your `[dev-dependencies]`). [`memory_hooks`](Self::memory_hooks)
     /// provokes the rare paths.
     ///
     /// ```
