@@ -3,6 +3,9 @@
 //! `REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_handler`, then
 //! `curl -X POST localhost:3000/users/1024/books` twice at once: one 200, one 409 Conflict.
 //!
+//! It starts whether Redis is up or not (`build_lazy`: no I/O until the first lock): while Redis
+//! is down, locked requests answer 503 Service Unavailable, and they work again once it is back.
+//!
 //! On SIGTERM (or Ctrl-C) it shuts down gracefully: the lock client first (work still holding a
 //! lock is cancelled with a 503 and every lock released at once, instead of staying held for its
 //! ttl), then the server.
@@ -32,7 +35,8 @@ enum AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         match self {
-            // 409 Conflict when busy, 503 otherwise, with the key in the body.
+            // 409 Conflict when busy, 500 for a misconfigured lock, 503 otherwise (Redis
+            // down: try again later), with the key in the body.
             AppError::Lock(lock) => lock.into_response(),
             AppError::NotFound(_) => (StatusCode::NOT_FOUND, self.to_string()).into_response(),
         }
@@ -62,7 +66,9 @@ fn app(state: AppState) -> Router {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let locks = LockClient::connect(&url).await?;
+    // Lazy: the app starts (and answers 503 on locked routes) even while Redis is down; a
+    // malformed URL is still refused here.
+    let locks = LockClient::builder(&url).build_lazy()?;
     let state = AppState {
         locks: locks.clone(),
     };

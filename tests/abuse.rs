@@ -432,8 +432,9 @@ async fn password_never_appears_in_debug_display_errors_or_tracing() {
 }
 
 /// Tokens are unique across 100 000 real acquisitions (10 rounds of 10 000 concurrent locks
-/// on distinct keys), each 128 random bits as 32 hex digits. A million would take minutes of
-/// round trips on this machine; uniqueness is the random source's (UUID v4) property, so this
+/// on distinct keys), each a UUID v4 in its simple form (122 random bits as 32 hex digits). A
+/// million would take minutes of round trips on this machine; uniqueness is the random
+/// source's (UUID v4) property, so this
 /// checks the wiring, not the randomness: a shared or reused token would collide at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_acquisitions_get_unique_tokens() {

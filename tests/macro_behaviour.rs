@@ -266,3 +266,91 @@ async fn axum_503_hides_the_internals_of_a_redis_failure() {
         );
     }
 }
+
+/// An app whose Redis is down when it starts still starts (`build_lazy`), answers 503 while
+/// Redis is down, and takes locks again once Redis is back, with no restart of the app.
+#[tokio::test]
+async fn axum_app_started_with_redis_down_answers_503_until_redis_is_back() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let state = AppState {
+        locks: LockClient::builder(&server.url())
+            .connect_timeout(Duration::from_millis(300))
+            .build_lazy()
+            .expect("a lazy client needs no Redis to start"),
+        entered: Arc::new(tokio::sync::Notify::new()),
+    };
+    let app = Router::new()
+        .route("/users/{user_id}/books", post(borrow_book))
+        .with_state(state);
+    let request = || Request::post("/users/3/books").body(Body::empty()).unwrap();
+    let down = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // Kept until the end: dropping the handle stops the server.
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = app.clone().oneshot(request()).await.unwrap().status();
+        if status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            Instant::now() < deadline,
+            "still {status} 10 s after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[redis_lock(prefix = "shelf", key = name.trim(), client = state.locks)]
+async fn shelve(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<String>, LockError> {
+    Ok(Json(format!("{name} shelved")))
+}
+
+/// A key that cannot be used is the programmer's error, not an outage: 500, not 503 (a client
+/// retrying would get the same answer).
+#[tokio::test]
+async fn axum_invalid_key_answers_500_not_503() {
+    let server = RedisServer::start();
+    let (state, _) = library_app(&server).await;
+    let app = Router::new()
+        .route("/shelves/{name}", post(shelve))
+        .with_state(state);
+    // A name of blanks: the key part renders empty, `InvalidKey`.
+    let response = app
+        .oneshot(Request::post("/shelves/%20").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+/// What `main` prints when it returns the error of a client that cannot reach Redis: the
+/// failure, without empty fields (`key: None`, `hint: ""`) or internal wrappers.
+#[tokio::test]
+async fn debug_of_an_unreachable_redis_shows_no_empty_fields() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let error = LockClient::builder(&server.url())
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect_err("nothing listens there");
+    let debug = format!("{error:?}");
+    assert!(
+        debug.starts_with("Redis { source: Unreachable { server: "),
+        "{debug}"
+    );
+    for empty in ["key: None", "hint: \"\"", "Shared("] {
+        assert!(!debug.contains(empty), "{empty:?} in {debug}");
+    }
+}

@@ -488,3 +488,24 @@ async fn a_programmatic_key_is_labelled_by_its_part_before_the_first_colon() {
         1
     );
 }
+
+/// A programmatic key without `:` is no label of its own (one series per key would be
+/// unbounded): it is counted under the fixed prefix `(none)`.
+#[tokio::test]
+async fn a_programmatic_key_without_a_colon_is_labelled_none_not_by_key() {
+    let recorded = recorded();
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    for day in ["nightly-report-2026-11-24", "nightly-report-2026-11-25"] {
+        locks.run_locked(day, opts(1000), async {}).await.unwrap();
+    }
+    let acquired = [("prefix", "(none)"), ("outcome", "acquired")];
+    assert!(recorded.counter("lockmacro_acquisitions_total", &acquired) >= 2);
+    let seen = recorded.update();
+    let by_key: Vec<_> = seen
+        .counters
+        .keys()
+        .filter(|series| series.contains("nightly-report"))
+        .collect();
+    assert!(by_key.is_empty(), "{by_key:?}");
+}

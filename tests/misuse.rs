@@ -1,7 +1,8 @@
-//! Reachable input that used to panic: waiting forever, and a tokio runtime built without timers.
+//! Reachable misuse: waiting forever, a tokio runtime built without timers, no runtime at all.
 
 mod common;
 
+use std::future::Future;
 use std::time::Duration;
 
 use common::{fast_client, opts};
@@ -31,28 +32,47 @@ async fn waiting_forever_waits_for_the_release() {
     assert_eq!(outcome.unwrap(), 7);
 }
 
-/// A runtime built without the time driver gets a `Config` error that says how to fix it,
-/// never a panic from deep inside tokio.
+/// A runtime built without the time driver: tokio's own panic, which names the builder call to
+/// add, as documented under `# Panics`. The library does not probe for it (that would mean
+/// silencing the application's panic hook), and returns no error of its own.
 #[test]
-fn a_runtime_without_timers_gets_an_error_not_a_panic() {
+fn a_runtime_without_timers_panics_with_tokios_message_naming_enable_time() {
     let server = RedisServer::start();
     let url = server.url();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
         .unwrap();
-    let outcome = std::thread::spawn(move || {
+    let panic = std::thread::spawn(move || {
         runtime.block_on(async {
             let locks = LockClient::builder(&url).build_lazy().unwrap();
             locks.run_locked("no-timers:1", opts(5_000), async {}).await
         })
     })
     .join()
-    .expect("no panic");
+    .expect_err("tokio panics at the first timer");
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|message| message.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    assert!(message.contains("enable_time"), "{message}");
+}
+
+/// Outside any tokio runtime, a locked call is an error that says what it needs, not a panic.
+#[test]
+fn outside_a_tokio_runtime_is_a_config_error() {
+    let locks = LockClient::builder("redis://127.0.0.1:1")
+        .build_lazy()
+        .unwrap();
+    // Polled once, by hand: no runtime may be around.
+    let call = std::pin::pin!(locks.run_locked("no-runtime:1", opts(5_000), async {}));
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    let std::task::Poll::Ready(outcome) = call.poll(&mut context) else {
+        panic!("the call should fail at once, before any I/O");
+    };
     match outcome {
-        Err(LockError::Config { message }) => {
-            assert!(message.contains("enable_time"), "{message}");
-        }
+        Err(LockError::Config { message }) => assert!(message.contains("tokio"), "{message}"),
         other => panic!("expected a Config error, got {other:?}"),
     }
 }

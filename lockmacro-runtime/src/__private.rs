@@ -159,12 +159,45 @@ pub mod v0_1_0 {
         fn from_lock_error(error: LockError) -> Self;
     }
 
+    // Not recommended: the help would point into this module; the message says what to write.
+    #[diagnostic::do_not_recommend]
     impl<T, E: From<LockError>> LockResult for Result<T, E> {
         fn from_lock_error(error: LockError) -> Self {
             Err(E::from(error))
         }
     }
+
+    /// The error type `E` of a locked function written `Result<T, E>`: one that a [`LockError`]
+    /// converts into. Generated code calls it spanned at `E`, so a missing `From<LockError>` is
+    /// reported there, in words.
+    #[diagnostic::on_unimplemented(
+        message = "`#[redis_lock]` needs the error type `{Self}` to implement `From<LockError>`",
+        label = "`LockError` does not convert into `{Self}`",
+        note = "return `Result<T, LockError>`, or an error type of your own that implements `From<LockError>` (with thiserror: a variant holding `#[from] LockError`)"
+    )]
+    pub trait IntoError {
+        /// Wraps a lock failure.
+        fn from_lock_error(error: LockError) -> Self;
+    }
+
+    // Not recommended: otherwise the compiler reports `From<LockError>` and lists every `From`
+    // the type has instead of the message above.
+    #[diagnostic::do_not_recommend]
+    impl<E: From<LockError>> IntoError for E {
+        fn from_lock_error(error: LockError) -> Self {
+            E::from(error)
+        }
+    }
 }
+
+/// Bounds `LockClient::in_memory` when the `test-util` feature is off, so that a call is a
+/// compile error saying which feature to enable. Nothing implements it.
+#[diagnostic::on_unimplemented(
+    message = "`LockClient::in_memory()` needs the `test-util` feature of `lockmacro-runtime`",
+    label = "in-memory locks are only built with the `test-util` feature",
+    note = "add `lockmacro-runtime = {{ version = \"0.1\", features = [\"test-util\"] }}` under `[dev-dependencies]` in Cargo.toml"
+)]
+pub trait NeedsTestUtil {}
 
 #[cfg(test)]
 mod tests {

@@ -1,4 +1,6 @@
-//! `LockError` as an HTTP response: 409 Conflict when busy, 503 Service Unavailable otherwise.
+//! `LockError` as an HTTP response: 409 Conflict when busy; 500 Internal Server Error for the
+//! programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`: retrying cannot help); 503
+//! Service Unavailable otherwise (Redis down, lease lost, shutting down: worth a retry).
 //!
 //! The body names the lock but never the internals (a server address, an OS error): those go
 //! to the log, for the operator, not to the HTTP client.
@@ -21,6 +23,16 @@ impl IntoResponse for LockError {
                         .insert(header::RETRY_AFTER, HeaderValue::from(seconds as u64));
                 }
                 response
+            }
+            LockError::Config { .. }
+            | LockError::InvalidKey { .. }
+            | LockError::InvalidOptions { .. } => {
+                tracing::error!(error = %self, "locked request answered 500: the lock is misconfigured");
+                let body = match self.key() {
+                    Some(key) => format!("lock `{key}` cannot be used; this is a server error"),
+                    None => "the lock is misconfigured; this is a server error".to_owned(),
+                };
+                (StatusCode::INTERNAL_SERVER_ERROR, body).into_response()
             }
             _ => {
                 tracing::warn!(error = %self, "locked request answered 503");

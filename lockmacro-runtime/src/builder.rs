@@ -141,7 +141,7 @@ impl LockClientBuilder {
 
     /// Trusts this root certificate (PEM) instead of the system's roots for `rediss://` URLs,
     /// e.g. a private CA. Verification stays on; to turn it off (tests only), end the URL with
-    /// `#insecure`.
+    /// `#insecure`, which needs the `tls-insecure` feature.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_root_certificate = Some(pem.into());
@@ -154,13 +154,19 @@ impl LockClientBuilder {
     /// # Errors
     /// [`LockError::Config`] for a malformed URL, [`LockError::Redis`] when Redis cannot be reached
     /// or rejects the credentials within the timeouts.
+    ///
+    /// # Panics
+    /// On a tokio runtime built without timers or IO: tokio's own panic names the builder call
+    /// to add (`enable_all`).
     pub async fn build(self) -> Result<LockClient, LockError> {
         let client = self.build_lazy()?;
         client.engine.connect().await?;
         Ok(client)
     }
 
-    /// Builds the client without any I/O; connections open on first use.
+    /// Builds the client without any I/O; connections open on first use. An application
+    /// built this way starts while Redis is down: its locked calls fail with
+    /// [`LockError::Redis`] (503 with the `axum` feature) until Redis answers again.
     ///
     /// # Errors
     /// [`LockError::Config`] for a malformed URL or when the watchdog thread cannot start.
@@ -173,6 +179,21 @@ impl LockClientBuilder {
                     self.namespace
                 ),
             });
+        }
+        if !cfg!(feature = "tls-insecure")
+            && let Some(url) = self
+                .deployment
+                .urls()
+                .iter()
+                .find(|url| url.ends_with("#insecure"))
+        {
+            return Err(invalid(
+                url,
+                "`#insecure` (TLS without certificate verification) needs the `tls-insecure` \
+                 feature of lockmacro-runtime; for a private CA, keep verification on with \
+                 `LockClientBuilder::tls_root_certificate`"
+                    .into(),
+            ));
         }
         if self.deployment.wants_tls() {
             tls::ensure_crypto_provider();
@@ -307,5 +328,23 @@ impl LockClientBuilder {
 fn invalid(url: &str, why: String) -> LockError {
     LockError::Config {
         message: format!("cannot use `{}`: {why}", redact(url)),
+    }
+}
+
+/// Without `tls-insecure`, `#insecure` is refused when building, with the feature named, rather
+/// than failing at the first connection.
+#[cfg(all(test, not(feature = "tls-insecure")))]
+mod tests {
+    use crate::{LockClient, LockError};
+
+    #[test]
+    fn insecure_tls_without_its_feature_is_a_config_error_naming_the_feature() {
+        let error = LockClient::builder("rediss://127.0.0.1:6380/#insecure")
+            .build_lazy()
+            .expect_err("refused");
+        assert!(
+            matches!(&error, LockError::Config { message } if message.contains("`tls-insecure`")),
+            "{error}"
+        );
     }
 }

@@ -81,8 +81,10 @@ impl LockClient {
     ///
     /// ```no_run
     /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-    /// use lockmacro_runtime::LockClient;
+    /// use lockmacro_runtime::{LockClient, redis};
     ///
+    /// // `lockmacro_runtime::redis` is the redis-rs this crate is built on, whatever version of
+    /// // `redis` the application itself depends on.
     /// let redis = redis::Client::open("redis://127.0.0.1:6379")?;
     /// let locks = LockClient::builder_from_client(redis.clone()).build().await?;
     /// # Ok(()) }
@@ -121,7 +123,8 @@ impl LockClient {
     /// It keeps Redis's semantics (leases expire, the watchdog renews them, `max_renewals`,
     /// `Busy`, `Lost`, waiting woken on release, fencing, reentrancy, release on drop), and its
     /// watchdog runs on the runtime that uses it, so under `#[tokio::test(start_paused = true)]`
-    /// a test crosses a 30 s lease in milliseconds. [`memory_hooks`](Self::memory_hooks)
+    /// a test crosses a 30 s lease in milliseconds (`start_paused` is tokio's: it needs tokio's
+    /// own `test-util` feature in your `[dev-dependencies]`). [`memory_hooks`](Self::memory_hooks)
     /// provokes the rare paths.
     ///
     /// ```
@@ -168,6 +171,22 @@ impl LockClient {
         }
     }
 
+    /// Without the `test-util` feature there is no in-memory client: this stand-in only turns a
+    /// call into a compile error that says which feature to enable.
+    ///
+    #[cfg_attr(
+        not(feature = "test-util"),
+        doc = "```compile_fail\nlet locks = lockmacro_runtime::LockClient::in_memory();\n```"
+    )]
+    #[cfg(not(feature = "test-util"))]
+    #[doc(hidden)]
+    pub fn in_memory() -> Self
+    where
+        for<'a> &'a (): crate::__private::NeedsTestUtil,
+    {
+        unreachable!("`NeedsTestUtil` has no implementation")
+    }
+
     /// The test hooks of an in-memory client ([`in_memory`](Self::in_memory)); `None` for others.
     #[cfg(feature = "test-util")]
     pub fn memory_hooks(&self) -> Option<crate::MemoryHooks> {
@@ -189,6 +208,11 @@ impl LockClient {
     /// [`LockError::Redis`] when Redis fails while acquiring (the work never ran),
     /// [`LockError::RenewalsExhausted`] or [`LockError::Lost`] when the work was cut short,
     /// [`LockError::InvalidKey`] for an empty or over-long key.
+    ///
+    /// # Panics
+    /// When called on a tokio runtime built without timers or IO (tokio's own panic names the
+    /// builder call to add: `enable_time`, `enable_io`, or `enable_all`). Outside any tokio
+    /// runtime it is a [`LockError::Config`] instead.
     ///
     /// # Cancellation safety
     /// Dropping the future at any point releases the lock (in the background) if it was taken.
@@ -245,6 +269,9 @@ impl LockClient {
     ///
     /// # Errors
     /// As [`run_locked`](Self::run_locked) for acquiring.
+    ///
+    /// # Panics
+    /// As [`run_locked`](Self::run_locked): on a tokio runtime without timers or IO.
     ///
     /// # Cancellation safety
     /// If dropped while the `SET` is in flight, the key (if it was set) is released in the

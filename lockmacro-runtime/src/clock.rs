@@ -5,13 +5,13 @@
 //! `#[tokio::test(start_paused = true)]` the test's paused clock, which the in-memory deployment
 //! follows.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
+use once_cell::sync::Lazy;
 use tokio::time::Instant;
 
 /// Every lease time is kept as nanoseconds since this instant.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
 
 /// Now, as nanoseconds since the engine's epoch.
 pub(crate) fn now() -> u64 {

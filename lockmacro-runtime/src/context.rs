@@ -89,7 +89,9 @@ impl LockContext {
         &self.lease.key
     }
 
-    /// The random value stored under the key.
+    /// The random value stored under the key: a UUID v4 in its simple form, 32 lowercase hex
+    /// digits without hyphens (the key's value may carry a trailing `+` while a caller waits;
+    /// this is always the bare token).
     pub fn token(&self) -> &str {
         &self.lease.token
     }

@@ -2,9 +2,16 @@
 
 use std::sync::RwLock;
 
+use once_cell::sync::OnceCell;
+
 use crate::{LockClient, LockError};
 
-static DEFAULT: RwLock<Option<LockClient>> = RwLock::new(None);
+/// The client given to [`set_default_client`], which wins over the one built from the
+/// environment.
+static SET: RwLock<Option<LockClient>> = RwLock::new(None);
+
+/// The client built on first use from `REDIS_URL`, once per process.
+static FROM_ENV: OnceCell<LockClient> = OnceCell::new();
 
 /// Sets the client that `#[redis_lock]` uses when no `client = ...` is given.
 ///
@@ -12,7 +19,7 @@ static DEFAULT: RwLock<Option<LockClient>> = RwLock::new(None);
 /// The client is runtime-independent: it serves any number of tokio runtimes, one after another
 /// or at once.
 pub fn set_default_client(client: LockClient) {
-    *DEFAULT.write().unwrap_or_else(|e| e.into_inner()) = Some(client);
+    *SET.write().unwrap_or_else(|e| e.into_inner()) = Some(client);
 }
 
 /// The default client, built on first use.
@@ -20,15 +27,14 @@ pub fn set_default_client(client: LockClient) {
 /// # Errors
 /// [`LockError::Config`] when `REDIS_URL` is malformed.
 pub fn default_client() -> Result<LockClient, LockError> {
-    if let Some(client) = &*DEFAULT.read().unwrap_or_else(|e| e.into_inner()) {
+    if let Some(client) = &*SET.read().unwrap_or_else(|e| e.into_inner()) {
         return Ok(client.clone());
     }
-    let mut slot = DEFAULT.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(client) = &*slot {
-        return Ok(client.clone());
-    }
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let client = LockClient::builder(&url).build_lazy()?;
-    *slot = Some(client.clone());
-    Ok(client)
+    FROM_ENV
+        .get_or_try_init(|| {
+            let url =
+                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+            LockClient::builder(&url).build_lazy()
+        })
+        .cloned()
 }

@@ -219,12 +219,11 @@ fn next_lease_id() -> u64 {
     IDS.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A fresh 128-bit random token, 32 hex digits: proof that a lease is ours.
+/// A fresh token, proof that a lease is ours: a UUID v4 (122 random bits from uuid's
+/// `fast-rng`, a thread-local CSPRNG, so no system call per token) in its simple form, 32
+/// lowercase hex digits without hyphens.
 fn new_token() -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bits = rand::random::<u128>();
-    let digits: [u8; 32] = std::array::from_fn(|i| HEX[(bits >> ((31 - i) * 4)) as usize & 0xf]);
-    String::from_utf8(digits.to_vec()).expect("hex digits are ASCII")
+    uuid::Uuid::new_v4().simple().to_string()
 }
 
 #[cfg(test)]
@@ -232,15 +231,18 @@ mod tests {
     use super::new_token;
 
     #[test]
-    fn a_token_is_32_lowercase_hex_digits_and_fresh_each_time() {
+    fn a_token_is_a_uuid_v4_in_simple_form_and_fresh_each_time() {
         let token = new_token();
-        assert_eq!(token.len(), 32);
+        assert_eq!(token.len(), 32, "{token}");
         assert!(
             token
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
             "{token}"
         );
+        let uuid = uuid::Uuid::parse_str(&token).expect("a UUID");
+        assert_eq!(uuid.get_version(), Some(uuid::Version::Random), "{token}");
+        assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{token}");
         assert_ne!(token, new_token());
     }
 }

@@ -4,7 +4,10 @@
 ///
 /// A function under `#[redis_lock]` returns `Result<T, E>` with `E: From<LockError>`, so these
 /// arrive in the caller's own error type. Every variant that concerns one lock names its key.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` leaves out what is not there (`Redis` without a key shows no `key: None`), so an
+/// `Err` returned from `main` reads as the failure itself.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// Another owner holds the lock (and `wait`, if set, ran out). The work never ran.
@@ -97,6 +100,55 @@ pub enum LockError {
     },
 }
 
+impl std::fmt::Debug for LockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Busy { key, retry_after } => {
+                let mut debug = f.debug_struct("Busy");
+                debug.field("key", key);
+                if let Some(retry_after) = retry_after {
+                    debug.field("retry_after", retry_after);
+                }
+                debug.finish()
+            }
+            Self::RenewalsExhausted { key, renewals } => f
+                .debug_struct("RenewalsExhausted")
+                .field("key", key)
+                .field("renewals", renewals)
+                .finish(),
+            Self::Lost { key } => f.debug_struct("Lost").field("key", key).finish(),
+            Self::Redis { key, source } => {
+                let mut debug = f.debug_struct("Redis");
+                if let Some(key) = key {
+                    debug.field("key", key);
+                }
+                debug.field("source", source).finish()
+            }
+            Self::NoQuorum {
+                key,
+                answered,
+                needed,
+            } => f
+                .debug_struct("NoQuorum")
+                .field("key", key)
+                .field("answered", answered)
+                .field("needed", needed)
+                .finish(),
+            Self::ShutDown { key } => f.debug_struct("ShutDown").field("key", key).finish(),
+            Self::InvalidKey { key, reason } => f
+                .debug_struct("InvalidKey")
+                .field("key", key)
+                .field("reason", reason)
+                .finish(),
+            Self::InvalidOptions { message } => f
+                .debug_struct("InvalidOptions")
+                .field("message", message)
+                .finish(),
+            Self::Config { message } => f.debug_struct("Config").field("message", message).finish(),
+        }
+    }
+}
+
 fn for_key(key: &Option<String>) -> String {
     key.as_deref()
         .map(|key| format!(" for lock `{key}`"))
@@ -116,5 +168,27 @@ impl LockError {
             Self::Redis { key, .. } => key.as_deref(),
             Self::Config { .. } | Self::InvalidOptions { .. } => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LockError;
+
+    #[test]
+    fn debug_leaves_out_what_is_not_there() {
+        let error = LockError::Redis {
+            key: None,
+            source: "connection refused".into(),
+        };
+        assert_eq!(
+            format!("{error:?}"),
+            r#"Redis { source: "connection refused" }"#
+        );
+        let error = LockError::Busy {
+            key: "k".into(),
+            retry_after: None,
+        };
+        assert_eq!(format!("{error:?}"), r#"Busy { key: "k" }"#);
     }
 }

@@ -80,8 +80,9 @@ impl Lease {
     /// Runs `work` under this lease: it is dropped at its next `.await` once the lease ends
     /// (renewals used up, key lost, or no extension confirmed before the local deadline).
     /// Inside, [`LockContext::current`](crate::LockContext::current) describes this lease and
-    /// locked calls on the same key through the same client re-enter. It runs inside an INFO
-    /// span `lock` with the `key`, so the work's own log lines say which lock they ran under.
+    /// locked calls on the same key through the same client re-enter. It runs inside a DEBUG
+    /// span `lock` with the `key` (as tower-http's request spans), so with DEBUG enabled the
+    /// work's own log lines say which lock they ran under, and at INFO it costs nothing.
     ///
     /// # Errors
     /// [`LockError::RenewalsExhausted`] or [`LockError::Lost`] when the work was cut short.
@@ -90,7 +91,7 @@ impl Lease {
     /// Dropping the returned future drops `work`; the lease stays held until the `Lease` goes.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
         let state = &self.state;
-        let span = tracing::info_span!("lock", key = %state.key);
+        let span = tracing::debug_span!("lock", key = %state.key);
         let work = context::scope(state.clone(), work).instrument(span);
         let mut work = std::pin::pin!(work);
         if !state.is_cancelled() && Instant::now() < state.deadline() {

@@ -37,9 +37,10 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `tls` | yes | `rediss://` URLs through rustls, beside whichever rustls provider the process uses |
-//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict (with `Retry-After` when known) when busy, 503 otherwise |
+//! | `tls-insecure` | no | `#insecure` at the end of a `rediss://` URL turns certificate verification off (tests only); opt-in, since it turns on redis-rs's `tls-rustls-insecure` for the whole application |
+//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict (with `Retry-After` when known) when busy, 500 for the programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`), 503 otherwise |
 //! | `metrics` | no | counters, histograms and gauges through the `metrics` 0.24 facade |
-//! | `test-util` | no | [`LockClient::in_memory`]: locks in the process, for tests, under paused time too |
+//! | `test-util` | no | `LockClient::in_memory`: locks in the process, for tests, under paused time too (tokio's own `test-util` feature gives `#[tokio::test(start_paused = true)]`) |
 //!
 //! Without `tls` (`default-features = false`), a `rediss://` URL is a configuration error.
 //!
@@ -47,6 +48,14 @@
 //!
 //! Locked work is cancelled by dropping it at its next `.await`. Work that blocks a thread
 //! without reaching an `.await` cannot be cancelled and may outrun its lease.
+//!
+//! # Panics
+//!
+//! A locked call on a tokio runtime built without timers or IO panics with tokio's own message,
+//! which names the builder call to add (`enable_all()`); `#[tokio::main]` and `#[tokio::test]`
+//! enable both. The library does not probe the runtime for them (that would mean catching the
+//! panic and silencing the process's panic hook, which belongs to the application). Outside
+//! any tokio runtime a locked call returns [`LockError::Config`].
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -91,3 +100,15 @@ pub use options::{LockKind, LockOptions};
 #[cfg(feature = "test-util")]
 pub use store::memory::MemoryHooks;
 pub use store::protocol;
+
+/// The redis-rs crate this one is built on (1.x), for [`LockClient::builder_from_client`] and
+/// the [`LockError::Redis`] sources: `lockmacro_runtime::redis::Client` is the type those
+/// take, whatever version of `redis` the application itself depends on.
+pub use redis;
+
+/// The README's Rust examples, compiled (and the `no_run` ones built) as doctests, so a new
+/// application copied from the README compiles. They use the `axum` and `test-util` features;
+/// `scripts/test.sh` runs the doctests with every feature.
+#[cfg(all(doctest, feature = "axum", feature = "test-util"))]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

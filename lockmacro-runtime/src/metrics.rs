@@ -2,7 +2,7 @@
 //! here is empty and compiled away.
 //!
 //! Labels are bounded: `prefix` is the attribute's prefix (or, for a programmatic key, the part
-//! before its first `:`), never the key. Durations are in seconds.
+//! before its first `:`, and `(none)` for a programmatic key without `:`), never the key. Durations are in seconds.
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
@@ -23,13 +23,22 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub(crate) struct Prefix(#[cfg(feature = "metrics")] Arc<str>);
 
+/// The `prefix` label of a programmatic key that has no `:`.
+#[cfg(feature = "metrics")]
+pub(crate) const NO_PREFIX: &str = "(none)";
+
 impl Prefix {
-    /// The attribute's prefix when known, else the key's part before its first `:`.
+    /// The attribute's prefix when known, else the key's part before its first `:`, else (a
+    /// programmatic key without `:`, such as `"nightly-report-2026-11-25"`) [`NO_PREFIX`]: the
+    /// key itself would be a label value per key, an unbounded series count.
     pub(crate) fn of(given: Option<&'static str>, key: &str) -> Self {
         #[cfg(feature = "metrics")]
-        return Self(Arc::from(
-            given.unwrap_or_else(|| key.split(':').next().unwrap_or(key)),
-        ));
+        return Self(Arc::from(given.unwrap_or_else(
+            || match key.split_once(':') {
+                Some((prefix, _)) => prefix,
+                None => NO_PREFIX,
+            },
+        )));
         #[cfg(not(feature = "metrics"))]
         {
             let _ = (given, key);

@@ -7,12 +7,11 @@
 //! where an error should point there), so the body cannot see the `__lm_` temporaries and lints
 //! such as `unused_qualifications` leave the generated paths alone.
 
-use proc_macro_crate::FoundCrate;
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
-use syn::{Error, GenericArgument, Ident, ItemFn, Path, PathArguments, Token, Type, TypeInfer};
+use syn::{GenericArgument, ItemFn, Path, PathArguments, Token, Type, TypeInfer};
 
 use crate::attr::{Configuration, Kind, Length, Renewals};
 use crate::valid::{self, LockedBody, LockedFn};
@@ -20,11 +19,18 @@ use crate::valid::{self, LockedBody, LockedFn};
 /// The whole attribute: read, check, write. On any error the function is emitted unchanged next
 /// to the errors, so callers see no second error and IDEs keep working.
 pub(crate) fn redis_lock(args: TokenStream, item: TokenStream) -> TokenStream {
-    let config = Configuration::parse(args)
-        .and_then(|config| private_module(&config).map(|private| (config, private)));
+    let config = Configuration::parse(args).map(|config| {
+        let private = private_module(&config);
+        (config, private)
+    });
     let func = syn::parse2::<ItemFn>(item.clone())
         .map_err(valid::not_a_function)
         .and_then(|func| valid::check(&func).map(|locked| (func, locked)));
+    let key = match (&config, &func) {
+        (Ok((config, _)), Ok((func, _))) => valid::check_key(config.key.as_ref(), func),
+        _ => Ok(()),
+    };
+    let func = valid::join(func, key).map(|(func, ())| func);
     match valid::join(config, func) {
         Ok(((config, private), (func, locked))) => locked_fn(&config, &private, &func, locked),
         Err(error) => {
@@ -36,30 +42,12 @@ pub(crate) fn redis_lock(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// `#runtime::__private::vX_Y_Z`: where generated code finds the runtime. The runtime is where
-/// `crate = "..."` says, else wherever the user's `Cargo.toml` puts `lockmacro-runtime` (renamed
-/// or not); without it, the error says which crate to add.
-fn private_module(config: &Configuration) -> syn::Result<Path> {
+/// `crate = "..."` says, else `::lockmacro_runtime` (as `#[tokio::main]` assumes `::tokio`): a
+/// crate that renames the dependency, or re-exports the attribute, says so with `crate =`.
+fn private_module(config: &Configuration) -> Path {
     let runtime: Path = match &config.krate {
         Some(path) => path.clone(),
-        None => match proc_macro_crate::crate_name("lockmacro-runtime") {
-            Ok(FoundCrate::Name(name)) => {
-                let name = Ident::new(&name, Span::mixed_site());
-                syn::parse_quote_spanned!(Span::mixed_site()=> ::#name)
-            }
-            // The runtime's own doctests are crates of their own that depend on it.
-            Ok(FoundCrate::Itself) => {
-                syn::parse_quote_spanned!(Span::mixed_site()=> ::lockmacro_runtime)
-            }
-            Err(_) => {
-                return Err(Error::new(
-                    Span::call_site(),
-                    "`#[redis_lock]` needs the `lockmacro-runtime` crate, which runs the locks and \
-                     re-exports this attribute: add `lockmacro-runtime = \"0.1\"` to \
-                     `[dependencies]` and import `lockmacro_runtime::redis_lock`, or name where \
-                     the runtime is with `crate = \"path\"`",
-                ));
-            }
-        },
+        None => syn::parse_quote_spanned!(Span::mixed_site()=> ::lockmacro_runtime),
     };
     let version = format_ident!(
         "v{}_{}_{}",
@@ -68,7 +56,7 @@ fn private_module(config: &Configuration) -> syn::Result<Path> {
         env!("CARGO_PKG_VERSION_PATCH"),
         span = Span::mixed_site()
     );
-    Ok(syn::parse_quote_spanned!(Span::mixed_site()=> #runtime::__private::#version))
+    syn::parse_quote_spanned!(Span::mixed_site()=> #runtime::__private::#version)
 }
 
 fn locked_fn(
@@ -201,9 +189,7 @@ fn run_locked(
 fn lock_error_into(private: &Path, output: &Type) -> TokenStream {
     match result_error_type(output) {
         Some(error) => quote_spanned! {at(error)=>
-            ::core::result::Result::Err(
-                <#error as ::core::convert::From<#private::LockError>>::from(__lm_err)
-            )
+            ::core::result::Result::Err(<#error as #private::IntoError>::from_lock_error(__lm_err))
         },
         None => quote_spanned! {at(output)=>
             <#output as #private::LockResult>::from_lock_error(__lm_err)
@@ -247,7 +233,10 @@ fn impl_trait_inferred(ty: &Type) -> Type {
         fn visit_type_mut(&mut self, ty: &mut Type) {
             if let Type::ImplTrait(impl_trait) = ty {
                 let underscore_token = Token![_](impl_trait.impl_token.span);
-                *ty = Type::Infer(TypeInfer { underscore_token });
+                *ty = Type::Infer(TypeInfer {
+                    attrs: Vec::new(),
+                    underscore_token,
+                });
             } else {
                 visit_mut::visit_type_mut(self, ty);
             }

@@ -14,13 +14,33 @@ use proc_macro::TokenStream;
 /// while the function runs, and releases the lock on every exit path.
 ///
 /// ```ignore
-/// use lockmacro_runtime::{redis_lock, LockError};
+/// use lockmacro_runtime::{LockError, redis_lock};
+///
+/// #[derive(Debug)]
+/// struct Book {
+///     title: String,
+/// }
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum AppError {
+///     #[error(transparent)]
+///     Lock(#[from] LockError), // what `#[redis_lock]` needs: `AppError: From<LockError>`
+///     #[error("user {0} has no book")]
+///     NoBook(u64),
+/// }
 ///
 /// #[redis_lock(prefix = "Business1", key = user_id, ttl = 3, max_renewals = 3)]
-/// async fn test_redis_lock(user_id: u64) -> Result<Book, AppError> {   // AppError: From<LockError>
-///     // runs only while this process holds Redis key "Business1:<user_id>"
+/// async fn borrow_book(user_id: u64) -> Result<Book, AppError> {
+///     // Runs only while this process holds Redis key "Business1:<user_id>".
+///     if user_id == 0 {
+///         return Err(AppError::NoBook(user_id));
+///     }
+///     Ok(Book { title: format!("a book for user {user_id}") })
 /// }
 /// ```
+///
+/// (`ignore` here only because this crate cannot depend on its runtime; the same code is
+/// compiled as a doctest of `lockmacro-runtime`, from its README.)
 ///
 /// # Arguments
 ///
@@ -29,7 +49,7 @@ use proc_macro::TokenStream;
 /// | argument | meaning | default |
 /// |---|---|---|
 /// | `prefix = "..."` | key namespace: a non-empty string literal | required |
-/// | `key = <expr>` | an expression over the parameters (`user_id`, `order.id`, `self.tenant`, `format!("{a}:{b}")`) whose value is `Display`; the Redis key is `"{prefix}:{key}"` | none: the key is the prefix alone, one mutex for every call |
+/// | `key = <expr>` | an expression over the parameters (`user_id`, `order.id`, `self.tenant`, `format!("{a}:{b}")`) whose value is `Display`; the Redis key is `"{prefix}:{key}"`. A lone lowercase name must be a parameter | none: the key is the prefix alone, one mutex for every call |
 /// | `ttl = 3` / `ttl = "500ms"` / `ttl = LOCK_TTL` | lease length: integer seconds, or a string with unit `ms`, `s`, `m` or `h` (both checked at compile time, not zero); or any other expression of type `Duration` or integer seconds (`u64`, `u32`): `LOCK_TTL`, `CONFIG.lock_ttl`, `self.ttl`, evaluated once by reference before acquiring, and refused with `LockError::InvalidOptions` when zero | 30 s |
 /// | `max_renewals = 3` / `max_renewals = unlimited` | how many times the lease may be extended; `0` means at most one ttl | 3 |
 /// | `wait = "5s"` / `wait = WAIT` | how long to wait for a busy lock (same forms as `ttl`); not zero | no wait: fail fast with `LockError::Busy` |
@@ -38,7 +58,7 @@ use proc_macro::TokenStream;
 /// | `mode = read` / `mode = write` | `read`: shared with other readers of the key, excluded by a writer; `write`: exclusive (the default, spelled out) | exclusive |
 /// | `permits = N` | at most `N` (≥ 1) holders of the key at once, a semaphore; not with `mode` | exclusive |
 /// | `fair = true` | waiters are served in arrival order across processes, and nobody barges past them | `false` |
-/// | `crate = "path"` | path of the runtime crate in generated code, for a re-export | the name `Cargo.toml` gives `lockmacro-runtime` (renamed or not) |
+/// | `crate = "path"` | path of the runtime crate in generated code, for a renamed dependency or a re-export | `::lockmacro_runtime` |
 ///
 /// # The function
 ///
@@ -64,14 +84,24 @@ use proc_macro::TokenStream;
 ///
 /// The returned future is `Send` when the body's is.
 ///
+/// # Panics
+///
+/// A call on a tokio runtime built without timers or IO panics with tokio's own message, which
+/// names the builder call to add (`enable_all`); `#[tokio::main]` and `#[tokio::test]` enable
+/// both. Outside any tokio runtime, the call returns `LockError::Config`.
+///
 /// # Errors at compile time
 ///
 /// A missing `async`, a return type that is not such a `Result`, an unknown, duplicated or
 /// ill-typed argument, an empty `prefix`, a zero `ttl` or `wait` literal, `permits = 0`, a `mode`
 /// other than `read`/`write`, `mode` with `permits`, a `ttl` expression of another type than
 /// `Duration` or integer seconds: each is a compile error at the offending tokens that says what
-/// to write instead, all reported at once. A crate that depends on this attribute's crate without
-/// `lockmacro-runtime` is told to add it.
+/// to write instead, all reported at once. So is a `key` that is a lone name but no parameter
+/// (the message lists the parameters), an error type without `From<LockError>`, and a sync
+/// method (in a trait impl: declare it `async fn` in the trait, or use `#[async_trait]`).
+/// Generated code names the runtime as `::lockmacro_runtime`: a crate that renamed the
+/// dependency says where it is with `crate = "..."`, and one without it gets the compiler's
+/// "unresolved crate `lockmacro_runtime`".
 #[proc_macro_attribute]
 pub fn redis_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::redis_lock(args.into(), item.into()).into()

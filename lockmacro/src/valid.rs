@@ -1,10 +1,10 @@
 //! Checks the function under `#[redis_lock]`, and folds every error found into one.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::{
-    Block, Error, Expr, ExprAsync, GenericArgument, ItemFn, PathArguments, ReturnType, Stmt, Type,
-    TypeParamBound,
+    Block, Error, Expr, ExprAsync, FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments,
+    ReturnType, Stmt, Type, TypeParamBound,
 };
 
 /// Every error found so far, reported together (serde's `Ctxt`).
@@ -76,10 +76,16 @@ pub(crate) fn check(func: &ItemFn) -> syn::Result<LockedFn> {
         ));
     }
     if sig.asyncness.is_none() {
-        errors.push(Error::new(
-            sig.fn_token.span,
-            "`#[redis_lock]` needs an `async fn`; add `async`",
-        ));
+        let message = if sig.receiver().is_some() {
+            // A method may implement a trait whose declaration is sync, where `async` alone
+            // cannot compile.
+            "`#[redis_lock]` needs an `async fn`; add `async`. In a trait impl, declare the \
+             method `async fn` in the trait too, or put `#[async_trait]` on the trait and on \
+             the impl (above `#[redis_lock]`)"
+        } else {
+            "`#[redis_lock]` needs an `async fn`; add `async`"
+        };
+        errors.push(Error::new(sig.fn_token.span, message));
     }
     if let Some(variadic) = &sig.variadic {
         errors.push(Error::new_spanned(
@@ -177,5 +183,79 @@ fn single_type_argument<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
     match (last.ident == name, args.args.first(), args.args.len()) {
         (true, Some(GenericArgument::Type(inner)), 1) => Some(inner),
         _ => None,
+    }
+}
+
+/// A `key` that is a lone name (`key = user`) must name one of the function's parameters:
+/// otherwise the compiler's "cannot find value" would not say what the key can name. Names
+/// starting with a capital (`key = TENANT`, a constant) are left to the compiler.
+pub(crate) fn check_key(key: Option<&Expr>, func: &ItemFn) -> syn::Result<()> {
+    let mut names = Vec::new();
+    for input in &func.sig.inputs {
+        match input {
+            FnArg::Receiver(_) => names.push(Ident::new("self", Span::call_site())),
+            FnArg::Typed(typed) => bound_names(&typed.pat, &mut names),
+        }
+    }
+    let mut errors = Errors::default();
+    let parts = match key {
+        Some(Expr::Array(list)) => list.elems.iter().collect(),
+        Some(key) => vec![key],
+        None => Vec::new(),
+    };
+    for part in parts {
+        let Expr::Path(path) = part else { continue };
+        let Some(name) = path.path.get_ident() else {
+            continue;
+        };
+        let starts_lowercase = name
+            .to_string()
+            .starts_with(|c: char| c.is_lowercase() || c == '_');
+        if path.qself.is_none() && starts_lowercase && !names.iter().any(|bound| bound == name) {
+            let listed = match names.as_slice() {
+                [] => format!("`{}` takes no parameters", func.sig.ident),
+                names => format!(
+                    "the parameters of `{}` are {}",
+                    func.sig.ident,
+                    names
+                        .iter()
+                        .map(|name| format!("`{name}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            errors.push(Error::new(
+                name.span(),
+                format!(
+                    "`key = {name}` names no parameter of this function; {listed}. `key` is an \
+                     expression over the parameters, such as `key = user_id` or `key = order.id`"
+                ),
+            ));
+        }
+    }
+    errors.finish()
+}
+
+/// The names a parameter's pattern binds: `user_id`, or `user_id` in `Path(user_id)`.
+fn bound_names(pat: &Pat, names: &mut Vec<Ident>) {
+    match pat {
+        Pat::Ident(ident) => {
+            names.push(ident.ident.clone());
+            if let Some((_, sub)) = &ident.subpat {
+                bound_names(sub, names);
+            }
+        }
+        Pat::Reference(reference) => bound_names(&reference.pat, names),
+        Pat::Paren(paren) => bound_names(&paren.pat, names),
+        Pat::Type(typed) => bound_names(&typed.pat, names),
+        Pat::Tuple(tuple) => tuple.elems.iter().for_each(|pat| bound_names(pat, names)),
+        Pat::TupleStruct(tuple) => tuple.elems.iter().for_each(|pat| bound_names(pat, names)),
+        Pat::Slice(slice) => slice.elems.iter().for_each(|pat| bound_names(pat, names)),
+        Pat::Struct(fields) => fields
+            .fields
+            .iter()
+            .for_each(|field| bound_names(&field.pat, names)),
+        Pat::Or(or) => or.cases.iter().for_each(|pat| bound_names(pat, names)),
+        _ => {}
     }
 }

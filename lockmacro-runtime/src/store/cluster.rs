@@ -103,6 +103,14 @@ impl ClusterStore {
                 let server = format!("the cluster at {}", self.inner.seeds);
                 match tokio::time::timeout(budget, open).await {
                     Ok(Ok(connection)) => Ok(connection),
+                    // A plain server answers, but not as a cluster: say so, not "cannot reach".
+                    Ok(Err(err)) if err.to_string().contains("cluster support disabled") => {
+                        Err(StoreError::unavailable(format!(
+                            "{server} is not a cluster: the server answered that it has cluster \
+                             support disabled; build the client with `LockClient::builder(url)` \
+                             for one Redis ({err})"
+                        )))
+                    }
                     Ok(Err(err)) => {
                         let unanswered = self.inner.tls && err.is_timeout();
                         Err(Unreachable::error(server, unanswered, err))

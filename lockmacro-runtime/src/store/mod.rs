@@ -231,8 +231,14 @@ impl fmt::Display for StoreError {
 }
 
 /// A shared error as the `source` of a [`LockError`].
-#[derive(Debug)]
 struct Shared(Arc<dyn Error + Send + Sync>);
+
+/// As the error it shares: the wrapper is no news to whoever reads the `Debug` output.
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 impl fmt::Display for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -272,7 +278,7 @@ pub(crate) async fn release_until_settled(store: &dyn Store, lease: LeaseRef<'_>
 }
 
 /// A server that could not be reached, named (host and port; never a password).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[error("cannot reach {server}: {source}{hint}")]
 pub(crate) struct Unreachable {
     pub(crate) server: String,
@@ -280,6 +286,20 @@ pub(crate) struct Unreachable {
     pub(crate) source: Box<dyn Error + Send + Sync>,
     /// What to check, when the failure suggests something.
     pub(crate) hint: &'static str,
+}
+
+/// Without an empty `hint`: `Unreachable { server: "127.0.0.1:6379", source: … }`.
+impl fmt::Debug for Unreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("Unreachable");
+        debug
+            .field("server", &self.server)
+            .field("source", &self.source);
+        if !self.hint.is_empty() {
+            debug.field("hint", &self.hint.trim());
+        }
+        debug.finish()
+    }
 }
 
 impl Unreachable {

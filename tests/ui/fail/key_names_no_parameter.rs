@@ -1,7 +1,8 @@
 use lockmacro_runtime::{LockError, redis_lock};
 
-#[redis_lock(prefix = "users", key = usr_id)]
-async fn key_names_no_parameter(user_id: u64) -> Result<u64, LockError> {
+#[redis_lock(prefix = "users", key = user)]
+async fn key_names_no_parameter(user_id: u64, tenant: &str) -> Result<u64, LockError> {
+    let _ = tenant;
     Ok(user_id)
 }
 

@@ -348,7 +348,7 @@ impl Store for RedisStore {
                 Err(SendError::Answered(err)) => {
                     // Redis answered with an error: the SET did not run.
                     undo.disarm();
-                    Err(StoreError::unavailable(err))
+                    Err(SendError::Answered(err).into_store_error())
                 }
                 Err(SendError::Unknown(error)) => Err(error),
             }
@@ -487,6 +487,18 @@ enum SendError {
 impl SendError {
     fn into_store_error(self) -> StoreError {
         match self {
+            // A cluster node redirects keys of other slots: the client was built for one server.
+            Self::Answered(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::CrossSlot)
+                ) =>
+            {
+                StoreError::unavailable(format!(
+                    "{err} (this server is a Redis Cluster node: build the client with \
+                     `LockClient::cluster_builder([\"redis://node:port\", ...])`, not `builder`)"
+                ))
+            }
             Self::Answered(err) => StoreError::unavailable(err),
             Self::Unknown(error) => error,
         }
