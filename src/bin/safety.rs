@@ -217,8 +217,7 @@ async fn run(plan: &Plan, history_dir: &Path) -> Outcome {
     for round in 0..plan.rounds {
         for fault in &plan.faults {
             let start = monotonic_ns();
-            lab.inject(*fault, round, &workers).await;
-            let healed = monotonic_ns();
+            let healed = lab.inject(*fault, round, &workers).await;
             tokio::time::sleep(SETTLE).await;
             phases.push(Phase {
                 fault: *fault,
@@ -322,8 +321,11 @@ impl Lab {
         }
     }
 
-    /// Injects `fault` and returns once it is healed.
-    async fn inject(&mut self, fault: Fault, round: usize, workers: &Workers) {
+    /// Injects `fault` and returns once it is healed, with the time it was healed: the server
+    /// back, the traffic flowing, the holder resumed, or the new master serving (the old one
+    /// may rejoin as a replica after that).
+    async fn inject(&mut self, fault: Fault, round: usize, workers: &Workers) -> u64 {
+        let mut healed = None;
         match (self, fault) {
             (_, Fault::None) => tokio::time::sleep(HOLD).await,
             (_, Fault::PausedHolder) => workers.pause_holders(HOLD + TTL / 2).await,
@@ -346,6 +348,7 @@ impl Lab {
             (Lab::Sentinel(sentinel), Fault::Failover) => {
                 let killed = sentinel.kill_master_now();
                 sentinel.wait_for_failover(killed);
+                healed = Some(monotonic_ns());
                 sentinel.restart_as_replica(killed);
             }
             (Lab::Cluster(cluster), Fault::PlannedFailover) => {
@@ -355,6 +358,7 @@ impl Lab {
                 let key = cluster_key(round);
                 let killed = cluster.kill_master_now(&key);
                 cluster.wait_for_failover(&key, killed);
+                healed = Some(monotonic_ns());
                 cluster.restart_node(killed);
             }
             // Past the node timeout (1 s): the cluster fails the frozen master over.
@@ -382,6 +386,7 @@ impl Lab {
             }
             (lab, fault) => panic!("no {fault} for {}", lab.url()),
         }
+        healed.unwrap_or_else(monotonic_ns)
     }
 
     /// Lock keys still held once every worker has exited (each released its lock before it

@@ -5,7 +5,7 @@
 //!
 //! Until its stdin closes, it loops over the KEYs, each time taking the lock `safety:KEY` with
 //! `#[redis_lock]` (ttl 1 s, 3 renewals, wait 2 s, and `fencing = true` when fenced) and doing a
-//! read-modify-write of a counter at `res:KEY` on RESOURCE_URL, a Redis the nemesis never
+//! read-modify-write (10 ms between read and write; 400 ms every 10th call, so leases are renewed) of a counter at `res:KEY` on RESOURCE_URL, a Redis the nemesis never
 //! touches: a plain GET/SET unfenced, the fencing-checked read and write of
 //! [`testkit::fenced_read`]/[`testkit::fenced_write`] fenced. It prints `begin WORKER KEY` when
 //! a body starts and one `call` line per call (see `testkit::safety::Call`).
@@ -25,6 +25,10 @@ use testkit::safety::{Call, Outcome, begin_line, fenced_value, monotonic_ns, par
 
 /// Between the read and the write: the window in which a paused or late holder meets another.
 const WORK: Duration = Duration::from_millis(10);
+/// Every [`LONG_EVERY`]th call works this long instead: past a third of the ttl, so its lease
+/// is renewed, and long enough that a fault often lands while it holds the lock.
+const LONG_WORK: Duration = Duration::from_millis(400);
+const LONG_EVERY: u64 = 10;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -52,6 +56,11 @@ async fn main() {
             seq,
             data: format!("res:{key}"),
             conn: resource.clone(),
+            work: if seq % LONG_EVERY == 0 {
+                LONG_WORK
+            } else {
+                WORK
+            },
             trace: &trace,
         };
         let called = monotonic_ns();
@@ -125,6 +134,7 @@ struct Step<'a> {
     seq: u64,
     data: String,
     conn: MultiplexedConnection,
+    work: Duration,
     trace: &'a Trace,
 }
 
@@ -145,7 +155,7 @@ impl Step<'_> {
             }
         };
         self.trace.read.store(read, Ordering::SeqCst);
-        tokio::time::sleep(WORK).await;
+        tokio::time::sleep(self.work).await;
         match fence {
             Some(fence) => {
                 let value = fenced_value(read + 1, self.worker, self.seq);

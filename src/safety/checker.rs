@@ -26,6 +26,8 @@ pub struct Row {
     pub rounds: usize,
     /// Calls whose body ran to its end (applied or rejected by the fenced storage).
     pub completed: usize,
+    /// Of those, calls whose read or write the fenced storage rejected as stale: fencing at work.
+    pub rejected: usize,
     /// Calls that ended in an error other than `Busy` (lost, exhausted, Redis, no quorum).
     pub failed: usize,
     /// Pairs of holders of an unfenced key whose bodies overlapped.
@@ -43,8 +45,8 @@ pub struct Row {
     pub lost_fenced: usize,
     /// The longest time a key was held by nobody while a caller waited for it, in ms.
     pub longest_free_while_waited_ms: f64,
-    /// The longest time in which no lock was taken (no body started, on any key), in ms: how
-    /// long the deployment took to serve locks again after the fault.
+    /// The longest time from a fault's heal (the server back, the new master serving, the
+    /// traffic flowing, the holder resumed) to the next lock taken on any key, in ms.
     pub recovery_ms: f64,
 }
 
@@ -84,15 +86,26 @@ impl Campaign<'_> {
             let index = row_of(&mut rows, phase.start).expect("a phase is its own");
             let row = &mut rows[index].1;
             row.rounds += 1;
-            row.recovery_ms = row.recovery_ms.max(ms(longest_without(&starts, phase)));
+            let first_after_heal = starts[starts.partition_point(|start| *start < phase.healed)..]
+                .first()
+                .copied()
+                .unwrap_or(phase.end);
+            let recovery = first_after_heal.saturating_sub(phase.healed);
+            row.recovery_ms = row.recovery_ms.max(ms(recovery));
         }
+        // A call counts where its outcome became known: a lease lost to a fault ends in the
+        // fault's phase even when the call began before it.
         for call in self.calls {
-            let Some(index) = row_of(&mut rows, call.called) else {
+            let Some(index) = row_of(&mut rows, call.returned) else {
                 continue;
             };
             let row = &mut rows[index].1;
             match call.outcome {
-                Outcome::Applied | Outcome::Rejected => row.completed += 1,
+                Outcome::Applied => row.completed += 1,
+                Outcome::Rejected => {
+                    row.completed += 1;
+                    row.rejected += 1;
+                }
                 Outcome::Busy => {}
                 _ => row.failed += 1,
             }
@@ -285,21 +298,6 @@ fn later_of_each_group(groups: impl Iterator<Item = Vec<u64>>) -> Vec<u64> {
         .collect()
 }
 
-/// The longest stretch of `phase` in which none of `starts` (sorted) fell.
-fn longest_without(starts: &[u64], phase: &Phase) -> u64 {
-    let inside = starts
-        .iter()
-        .copied()
-        .filter(|start| (phase.start..phase.end).contains(start));
-    let mut last = phase.start;
-    let mut longest = 0;
-    for start in inside.chain([phase.end]) {
-        longest = longest.max(start - last);
-        last = start;
-    }
-    longest
-}
-
 /// The longest part of `window` that none of `covers` covers: its start and length.
 fn longest_uncovered(
     (from, to): (u64, u64),
@@ -365,9 +363,9 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
 
 /// The header of the table [`table_row`] fills.
 pub fn table_header() -> String {
-    "| deployment | fault | rounds | calls ok / failed | overlaps unfenced / fenced (longest) \
+    "| deployment | fault | rounds | calls completed / fenced-rejected / failed | overlaps unfenced / fenced (longest) \
      | stale fenced writes accepted | lost updates unfenced / fenced | longest free while waited \
-     | recovery (longest with no lock taken) | verdict |\n\
+     | recovery | verdict |\n\
      |---|---|---|---|---|---|---|---|---|---|\n"
         .to_owned()
 }
@@ -422,9 +420,10 @@ pub fn table_row(deployment: Deployment, fault: Fault, row: &Row) -> String {
     let mut line = String::new();
     let _ = writeln!(
         line,
-        "| {deployment} | {fault} | {} | {} / {} | {overlaps}{longest} | {} | {} / {} | {:.0} ms | {:.0} ms | {verdict} |",
+        "| {deployment} | {fault} | {} | {} / {} / {} | {overlaps}{longest} | {} | {} / {} | {:.0} ms | {:.0} ms | {verdict} |",
         row.rounds,
         row.completed,
+        fenced(row.rejected),
         row.failed,
         mark(promise.fenced, fenced(row.stale_accepted)),
         mark(promise.exclusive, row.lost_unfenced.to_string()),
