@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use super::history::{Call, Outcome, parse_fenced_value};
-use super::promises::{Deployment, Fault, promise};
+use super::promises::{Deployment, Fault, WAKE_UP, WAKE_UP_BOUND, known_defect, promise};
 
 /// One window of the nemesis's schedule, on the monotonic clock.
 #[derive(Debug, Clone, Copy)]
@@ -333,8 +333,10 @@ pub struct Broken {
     pub deployment: Deployment,
     /// Under which fault.
     pub fault: Fault,
-    /// Which figure was not zero, with its value.
+    /// Which figure was out of bounds, with its value.
     pub what: String,
+    /// What is known of it, when it is a known defect (which does not fail the run).
+    pub known: Option<&'static str>,
 }
 
 /// The promises `row` breaks for `fault` on `deployment`.
@@ -350,15 +352,29 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
         figures.push(("stale fenced writes accepted", row.stale_accepted));
         figures.push(("lost fenced updates", row.lost_fenced));
     }
-    figures
+    let mut found: Vec<Broken> = figures
         .into_iter()
         .filter(|(_, count)| *count > 0)
         .map(|(what, count)| Broken {
             deployment,
             fault,
             what: format!("{what}: {count}"),
+            known: known_defect(deployment, what),
         })
-        .collect()
+        .collect();
+    if promise.woken && row.longest_free_while_waited_ms > WAKE_UP_BOUND.as_secs_f64() * 1e3 {
+        found.push(Broken {
+            deployment,
+            fault,
+            what: format!(
+                "{WAKE_UP}: {:.0} ms (bound {} ms)",
+                row.longest_free_while_waited_ms,
+                WAKE_UP_BOUND.as_millis()
+            ),
+            known: known_defect(deployment, WAKE_UP),
+        });
+    }
+    found
 }
 
 /// The header of the table [`table_row`] fills.
@@ -401,26 +417,20 @@ pub fn table_row(deployment: Deployment, fault: Fault, row: &Row) -> String {
         String::new()
     };
     let broken = broken(deployment, fault, row);
-    let verdict = if !broken.is_empty() {
+    let overlapped = row.overlaps_unfenced + row.overlaps_fenced + row.lost_unfenced > 0;
+    let verdict = if broken.iter().any(|broken| broken.known.is_none()) {
         "BROKEN"
-    } else if promise.exclusive {
+    } else if !broken.is_empty() {
+        "KNOWN DEFECT"
+    } else if promise.exclusive || !overlapped {
         "promises hold"
-    } else if row.overlaps_unfenced + row.overlaps_fenced + row.lost_unfenced > 0 {
-        "fencing holds; overlap documented"
     } else {
-        "fencing holds"
-    };
-    let verdict = if !deployment.offers_fencing() && verdict == "fencing holds" {
-        "no overlap seen"
-    } else if !deployment.offers_fencing() && broken.is_empty() && !promise.exclusive {
-        "overlap documented"
-    } else {
-        verdict
+        "promises hold; overlap documented"
     };
     let mut line = String::new();
     let _ = writeln!(
         line,
-        "| {deployment} | {fault} | {} | {} / {} / {} | {overlaps}{longest} | {} | {} / {} | {:.0} ms | {:.0} ms | {verdict} |",
+        "| {deployment} | {fault} | {} | {} / {} / {} | {overlaps}{longest} | {} | {} / {} | **{:.0} ms** | {:.0} ms | {verdict} |",
         row.rounds,
         row.completed,
         fenced(row.rejected),
