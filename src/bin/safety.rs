@@ -184,7 +184,14 @@ async fn main() {
         }
     }
     if failures.is_empty() {
-        println!("Every other promise held.");
+        println!(
+            "{}",
+            if known.is_empty() {
+                "Every promise held."
+            } else {
+                "Every other promise held."
+            }
+        );
     } else {
         println!("BROKEN PROMISES:");
         for failure in &failures {

@@ -56,7 +56,8 @@ async fn main() {
             seq,
             data: format!("res:{key}"),
             conn: resource.clone(),
-            work: if seq % LONG_EVERY == 0 {
+            // Staggered, so the workers' long calls do not all fall together.
+            work: if (seq + u64::from(worker) * 3).is_multiple_of(LONG_EVERY) {
                 LONG_WORK
             } else {
                 WORK
