@@ -10,13 +10,17 @@
 //! - Two holders of one key never overlap, and so no unfenced update is lost, when no data the
 //!   lock lives on is lost and no holder is frozen: no fault; a server frozen (`SIGSTOP`) while
 //!   its sentinels keep it master; a slow or blackholed network; a planned failover (the replica
-//!   catches up before it takes over); a Redlock minority down or restarted empty, or a majority
-//!   down for longer than the ttl (every lease on it has expired by the time it returns).
+//!   catches up before it takes over); Redlock masters, a minority or a majority, down for
+//!   longer than the ttl (every lease on them has expired by the time they return empty: the
+//!   Redlock paper's delayed restart).
 //! - Overlap is only documented where the lock's own data is lost or its holder frozen: a
 //!   restart without persistence, a failover of an unreplicated write (Sentinel, Cluster, and a
-//!   cluster master frozen past its node timeout, which is a failover), a Redlock majority
-//!   restarted empty at once (the Redlock paper's reason for delayed restarts), and a holder
-//!   paused past its ttl (Kleppmann's example: only fencing makes that safe).
+//!   cluster master frozen past its node timeout, which is a failover), Redlock masters
+//!   restarted empty at once — a majority, and a minority too: a lease held on a bare majority
+//!   (the other masters were busy, slow or down when it was taken) that loses one master to the
+//!   restart is a minority lease, and another client takes the key (the counterexample of the
+//!   Redis documentation's Redlock page, which is why it asks for delayed restarts) — and a
+//!   holder paused past its ttl (Kleppmann's example: only fencing makes that safe).
 //! - A waiter is woken when the key it waits for becomes free ("no waiter sleeps while the lock
 //!   it waits for is free"): outside the fault itself, no key stands free for longer than
 //!   [`WAKE_UP_BOUND`] while someone waits for it, on every deployment. The bound is far above
@@ -126,14 +130,15 @@ pub fn promise(deployment: Deployment, fault: Fault) -> Promise {
         | Fault::Delay
         | Fault::Blackhole
         | Fault::PlannedFailover
-        | Fault::MinorityRestart
         | Fault::MinorityDown
         | Fault::MajorityDown => true,
         // A frozen cluster master past its node timeout is failed over.
         Fault::StopServer => deployment != Deployment::Cluster,
-        Fault::KillRestart | Fault::Failover | Fault::MajorityRestart | Fault::PausedHolder => {
-            false
-        }
+        Fault::KillRestart
+        | Fault::Failover
+        | Fault::MinorityRestart
+        | Fault::MajorityRestart
+        | Fault::PausedHolder => false,
     };
     Promise {
         exclusive,
@@ -148,9 +153,9 @@ pub fn promise(deployment: Deployment, fault: Fault) -> Promise {
 pub fn known_defect(deployment: Deployment, promise: &str) -> Option<&'static str> {
     match (deployment, promise) {
         (Deployment::Redlock(_), WAKE_UP) => Some(
-            "after Redlock masters restart, a waiter in another process can sleep through \
-             every release until its fallback timer (the holder's remaining lease), while the \
-             key stands free",
+            "once a Redlock master has restarted, a waiter can sleep through every release \
+             of the key until its fallback timer (the holder's remaining lease) while other \
+             clients take the key and the key stands free; seen 10 s after the restart too",
         ),
         _ => None,
     }
