@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use super::history::{Call, Outcome, parse_fenced_value};
-use super::promises::{Deployment, Fault, WAKE_UP, WAKE_UP_BOUND, known_defect, promise};
+use super::promises::{
+    Deployment, Fault, RECOVERY_GRACE, WAKE_UP, WAKE_UP_BOUND, known_defect, promise,
+};
 
 /// One window of the nemesis's schedule, on the monotonic clock.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +45,8 @@ pub struct Row {
     pub lost_unfenced: usize,
     /// The same for the fenced counter, from the storage's own history.
     pub lost_fenced: usize,
-    /// The longest time a key was held by nobody while a caller waited for it, in ms.
+    /// The longest time a key was held by nobody while a caller waited for it, in ms, outside
+    /// the fault and the [`RECOVERY_GRACE`] after it.
     pub longest_free_while_waited_ms: f64,
     /// The longest time from a fault's heal (the server back, the new master serving, the
     /// traffic flowing, the holder resumed) to the next lock taken on any key, in ms.
@@ -247,14 +250,16 @@ impl Campaign<'_> {
     /// The longest stretch, per waiting call, in which nobody held the key it waited for:
     /// when the stretch began, and how long it was. A holder whose body ran to its end holds
     /// the key until its call returns (the release is confirmed first); one cancelled, until
-    /// its body stopped (its lease was over, or about to be). While a fault is injected the
-    /// deployment may not answer at all: that time counts as recovery, not as a key left free.
+    /// its body stopped (its lease was over, or about to be). While a fault is injected, and
+    /// for [`RECOVERY_GRACE`] after its heal, the deployment may not answer or its clients may
+    /// still reconnect: that time counts as recovery, not as a key left free.
     fn free_while_waited(&self) -> Vec<(u64, u64)> {
+        let grace = RECOVERY_GRACE.as_nanos() as u64;
         let faults: Vec<(u64, u64)> = self
             .phases
             .iter()
             .filter(|phase| phase.fault != Fault::None)
-            .map(|phase| (phase.start, phase.healed))
+            .map(|phase| (phase.start, phase.healed + grace))
             .collect();
         let holders = self.holders();
         let held = |call: &Call| {

@@ -22,15 +22,21 @@
 //!   Redis documentation's Redlock page, which is why it asks for delayed restarts) — and a
 //!   holder paused past its ttl (Kleppmann's example: only fencing makes that safe).
 //! - A waiter is woken when the key it waits for becomes free ("no waiter sleeps while the lock
-//!   it waits for is free"): outside the fault itself, no key stands free for longer than
-//!   [`WAKE_UP_BOUND`] while someone waits for it, on every deployment. The bound is far above
-//!   a loopback round trip so that a loaded machine's scheduling does not count as a breach.
+//!   it waits for is free"): once the deployment has recovered — outside the fault and the
+//!   [`RECOVERY_GRACE`] after its heal, in which clients reconnect and resubscribe (the recovery
+//!   column measures that time) — no key stands free for longer than [`WAKE_UP_BOUND`] while
+//!   someone waits for it, on every deployment. The bound is far above a loopback round trip
+//!   so that a loaded machine's scheduling does not count as a breach.
 
 use std::fmt;
 use std::time::Duration;
 
-/// How long a key may stand free while someone waits for it, outside the fault windows.
+/// How long a key may stand free while someone waits for it, once the deployment recovered.
 pub const WAKE_UP_BOUND: Duration = Duration::from_millis(300);
+
+/// How long after a fault's heal clients may take to reconnect and resubscribe before the
+/// wake-up promise applies again.
+pub const RECOVERY_GRACE: Duration = Duration::from_secs(1);
 
 /// Where the locks live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
