@@ -75,7 +75,7 @@ impl Campaign<'_> {
                 rows.push((phase.fault, Row::default()));
             }
         }
-        let row_of = |rows: &mut Vec<(Fault, Row)>, at: u64| -> Option<usize> {
+        let row_of = |rows: &[(Fault, Row)], at: u64| -> Option<usize> {
             let phase = self.phase_at(at)?;
             rows.iter().position(|(fault, _)| *fault == phase.fault)
         };
@@ -86,7 +86,7 @@ impl Campaign<'_> {
             .collect();
         starts.sort_unstable();
         for phase in self.phases {
-            let index = row_of(&mut rows, phase.start).expect("a phase is its own");
+            let index = row_of(&rows, phase.start).expect("a phase is its own");
             let row = &mut rows[index].1;
             row.rounds += 1;
             let first_after_heal = starts[starts.partition_point(|start| *start < phase.healed)..]
@@ -99,7 +99,7 @@ impl Campaign<'_> {
         // A call counts where its outcome became known: a lease lost to a fault ends in the
         // fault's phase even when the call began before it.
         for call in self.calls {
-            let Some(index) = row_of(&mut rows, call.returned) else {
+            let Some(index) = row_of(&rows, call.returned) else {
                 continue;
             };
             let row = &mut rows[index].1;
@@ -114,7 +114,7 @@ impl Campaign<'_> {
             }
         }
         for (at, fenced, length) in self.overlaps() {
-            if let Some(index) = row_of(&mut rows, at) {
+            if let Some(index) = row_of(&rows, at) {
                 let row = &mut rows[index].1;
                 if fenced {
                     row.overlaps_fenced += 1;
@@ -125,23 +125,23 @@ impl Campaign<'_> {
             }
         }
         for at in self.lost_unfenced() {
-            if let Some(index) = row_of(&mut rows, at) {
+            if let Some(index) = row_of(&rows, at) {
                 rows[index].1.lost_unfenced += 1;
             }
         }
         let (stale, lost) = self.fenced_storage_findings();
         for at in stale {
-            if let Some(index) = row_of(&mut rows, at) {
+            if let Some(index) = row_of(&rows, at) {
                 rows[index].1.stale_accepted += 1;
             }
         }
         for at in lost {
-            if let Some(index) = row_of(&mut rows, at) {
+            if let Some(index) = row_of(&rows, at) {
                 rows[index].1.lost_fenced += 1;
             }
         }
         for (at, length) in self.free_while_waited() {
-            if let Some(index) = row_of(&mut rows, at) {
+            if let Some(index) = row_of(&rows, at) {
                 let row = &mut rows[index].1;
                 row.longest_free_while_waited_ms = row.longest_free_while_waited_ms.max(ms(length));
             }
