@@ -29,6 +29,8 @@ const WORK: Duration = Duration::from_millis(10);
 /// is renewed, and long enough that a fault often lands while it holds the lock.
 const LONG_WORK: Duration = Duration::from_millis(400);
 const LONG_EVERY: u64 = 10;
+/// A worker whose runner never closes its stdin still stops: no campaign runs this long.
+const MAX_RUN: Duration = Duration::from_secs(20 * 60);
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -46,8 +48,9 @@ async fn main() {
         .await
         .expect("the resource Redis answers");
     let stop = stop_when_stdin_closes();
+    let give_up = tokio::time::Instant::now() + MAX_RUN;
     let mut seq = 0u64;
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.load(Ordering::SeqCst) && tokio::time::Instant::now() < give_up {
         seq += 1;
         let key = &keys[(seq as usize + worker as usize) % keys.len()];
         let trace = Trace::default();
