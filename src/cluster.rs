@@ -188,6 +188,18 @@ impl RedisCluster {
         self.wait_until_ready();
     }
 
+    /// Restarts the killed node on `port`, empty but with its cluster configuration, so it
+    /// rejoins (as a replica of whoever took its slots); waits until the cluster is ready.
+    ///
+    /// # Panics
+    ///
+    /// If the node does not come back, or the cluster is not ready within 30 s.
+    pub fn restart_node(&mut self, port: u16) {
+        let index = self.index_of(port);
+        self.nodes[index].restart();
+        self.wait_until_ready();
+    }
+
     /// A planned failover: a replica of `key`'s master takes over with `CLUSTER FAILOVER`, and the
     /// cluster is ready again. Returns the new master's port.
     pub fn fail_over(&self, key: &str) -> u16 {

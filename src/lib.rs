@@ -26,12 +26,13 @@ mod cluster;
 mod deployment;
 mod fenced_storage;
 mod proxy;
+pub mod safety;
 mod sentinel;
 mod server;
 
 pub use cluster::{Migration, RedisCluster};
 pub use deployment::{Cluster, Deployment, InMemory, Redlock, Sentinel, SingleRedis};
-pub use fenced_storage::fenced_write;
+pub use fenced_storage::{applied_writes, fenced_read, fenced_write};
 pub use proxy::{Fault, FaultProxy};
 pub use sentinel::{RedisSentinel, SERVICE as SENTINEL_SERVICE};
 pub use server::RedisServer;

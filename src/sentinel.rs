@@ -146,6 +146,26 @@ impl RedisSentinel {
         });
     }
 
+    /// Restarts the killed data node `index` (empty, as after a crash without persistence) as a
+    /// replica of the current master, as the sentinels would reconfigure it, and waits until it
+    /// is in sync.
+    ///
+    /// # Panics
+    ///
+    /// If it does not come back or sync within 30 s.
+    pub fn restart_as_replica(&mut self, index: usize) {
+        self.data[index].restart();
+        let master = self.master().port().to_string();
+        let reply = self.data[index].command(&["REPLICAOF", "127.0.0.1", &master]);
+        assert!(
+            matches!(reply, redis::Value::Okay | redis::Value::SimpleString(_)),
+            "REPLICAOF answered {reply:?}"
+        );
+        self.wait_until("the restarted node is a replica in sync", |d| {
+            d.replica_in_sync()
+        });
+    }
+
     fn replica_in_sync(&self) -> bool {
         let master = self.master().port();
         self.data

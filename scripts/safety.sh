@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The safety campaign: workers lock and increment counters on every deployment (one Redis,
+# Sentinel, Cluster, Redlock over 3 and 5 masters) while a nemesis kills, freezes, fails over
+# and partitions them; a checker then counts overlapping holders, stale fenced writes, lost
+# updates, time a key stood free while someone waited, recovery, and locks left behind, and
+# fails when a figure the contract promises to be zero is not (src/safety/promises.rs).
+#
+#   scripts/safety.sh            the full run (~10 min), for the table in docs/safety.md
+#   scripts/safety.sh --quick    about a minute of campaign, for CI
+#
+# Extra arguments go to the runner: `--only single|sentinel|cluster|redlock3|redlock5`,
+# `--out FILE` (the report, also printed). Histories are kept under target/safety/.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+source scripts/ensure-redis-server.sh
+echo "==> using $("${REDIS_SERVER_BIN:-redis-server}" --version)"
+
+# The runner starts its workers from its own directory: build both, then run it.
+cargo build --bin safety --bin safety_worker
+exec cargo run --quiet --bin safety -- "$@"
