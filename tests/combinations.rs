@@ -16,7 +16,7 @@ use std::time::Duration;
 use lockmacro_runtime::{LockClient, LockError, LockOptions};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use testkit::{Cluster, Deployment, InMemory, SingleRedis};
+use testkit::{Cluster, Deployment, InMemory, Redlock, SingleRedis};
 use tokio::time::Instant;
 
 /// The longest a waiter may sleep while the key it waits for is free: far above a round trip
@@ -261,18 +261,35 @@ fn check(
 /// Runs `cases` generated scenarios against three clients of `deployment` (a case uses the
 /// first one to three of them; keys are new in each case).
 fn generate(deployment: &impl Deployment, name: &str, cases: u32) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = runtime();
+    let clients = runtime.block_on(clients_of(deployment));
+    run_cases(&runtime, &clients, deployment.offers_fencing(), name, cases);
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
-    let clients = runtime.block_on(async {
-        vec![
-            deployment.client().await,
-            deployment.another_client().await,
-            deployment.another_client().await,
-        ]
-    });
+        .unwrap()
+}
+
+/// Three clients, as three processes would have.
+async fn clients_of(deployment: &impl Deployment) -> Vec<LockClient> {
+    vec![
+        deployment.client().await,
+        deployment.another_client().await,
+        deployment.another_client().await,
+    ]
+}
+
+fn run_cases(
+    runtime: &tokio::runtime::Runtime,
+    clients: &[LockClient],
+    fencing: bool,
+    name: &str,
+    cases: u32,
+) {
     let mut runner = TestRunner::new(Config {
         cases: cases_or(cases),
         max_shrink_iters: 64,
@@ -281,7 +298,7 @@ fn generate(deployment: &impl Deployment, name: &str, cases: u32) {
     });
     let case = std::cell::Cell::new(0u64);
     let longest = std::cell::Cell::new(Duration::ZERO);
-    let outcome = runner.run(&scenario(deployment.offers_fencing()), |scenario| {
+    let outcome = runner.run(&scenario(fencing), |scenario| {
         case.set(case.get() + 1);
         runtime.block_on(async {
             let (outcomes, model) = run(&scenario, &clients[..scenario.clients], case.get()).await;
@@ -335,4 +352,20 @@ fn cases_or(cases: u32) -> u32 {
         .ok()
         .and_then(|cases| cases.parse().ok())
         .unwrap_or(cases)
+}
+
+#[test]
+fn combinations_on_redlock() {
+    generate(&Redlock::start(3), "Redlock", 24);
+}
+
+/// A master restarted empty (no persistence) costs its subscriptions: the waiters of every
+/// client must still hear releases, from the other masters and from it once resubscribed.
+#[test]
+fn combinations_on_redlock_after_a_master_restarted_empty() {
+    let mut quorum = Redlock::start(3);
+    let runtime = runtime();
+    let clients = runtime.block_on(clients_of(&quorum));
+    quorum.servers[2].restart();
+    run_cases(&runtime, &clients, false, "Redlock after a restart", 24);
 }

@@ -56,6 +56,10 @@ impl RedlockStore {
     /// How long a renewal waits for the other masters once a majority decided every lease.
     const GRACE: Duration = Duration::from_millis(20);
 
+    /// About how long a waiter that split the masters with another waiter waits before it looks
+    /// again (jittered, so the racers spread out).
+    const SPLIT_RETRY: Duration = Duration::from_millis(25);
+
     fn quorum(&self) -> usize {
         self.masters.len() / 2 + 1
     }
@@ -130,7 +134,14 @@ impl Store for RedlockStore {
                 // Free again once all but a minority of the busy masters are free.
                 busy.sort_unstable();
                 let frees_a_majority = busy.len() - (self.masters.len() - quorum);
-                let remaining = busy.get(frees_a_majority - 1).copied().flatten();
+                let mut remaining = busy.get(frees_a_majority - 1).copied().flatten();
+                if taken > 0 {
+                    // We took some masters: others may be racing us for the rest, and their
+                    // keys go as ours did. Look again soon (the Redlock paper's random retry),
+                    // not after leases that are being undone.
+                    let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
+                    remaining = Some(remaining.map_or(retry, |left| left.min(retry)));
+                }
                 return Ok(Acquired::Busy { remaining });
             }
             if taken >= quorum {
