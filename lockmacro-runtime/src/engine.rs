@@ -11,6 +11,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use crate::background::Background;
 use crate::clock;
 use crate::error::LockError;
+use crate::handing::{Handed, Handing, Reclaim};
 use crate::metrics::{self, Prefix};
 use crate::options::{LockKind, LockOptions};
 use crate::renewal::RenewalQueue;
@@ -68,49 +69,6 @@ pub(crate) struct Timing {
 enum Attempt {
     Taken(Arc<LeaseState>),
     Busy { remaining: Option<Duration> },
-}
-
-/// What a release of this client did for a waiter that offered to be handed the lock.
-pub(crate) enum Handing {
-    /// The lock is the waiter's now.
-    Handed(Handed),
-    /// Another client waits too: the lock was released and announced instead. The waiter
-    /// waits for that announcement, as the other client's waiters do.
-    Declined,
-    /// The lease was no longer the releaser's: the waiter looks again now.
-    Look,
-    /// The hand-over got no answer: the waiter's token may hold the key. It is given up
-    /// (released in the background) and the waiter goes on with a new one.
-    Uncertain,
-}
-
-/// A lease handed to a waiter, registered with the watchdog: released in the background if
-/// the waiter is gone before it takes it.
-pub(crate) struct Handed {
-    engine: Arc<Engine>,
-    lease: Arc<LeaseState>,
-    taken: bool,
-}
-
-impl Handed {
-    fn take(mut self) -> Arc<LeaseState> {
-        self.taken = true;
-        self.lease.clone()
-    }
-}
-
-impl Drop for Handed {
-    fn drop(&mut self) {
-        if self.taken {
-            return;
-        }
-        tracing::debug!(key = %self.lease.key, "the waiter handed the lock was gone; releasing it");
-        if self.lease.claim_release() {
-            self.engine.release_in_background(&self.lease);
-        } else {
-            self.engine.forget(&self.lease);
-        }
-    }
 }
 
 /// Whether an acquisition found the lock busy before it took it: its wait is zero otherwise.
@@ -563,11 +521,7 @@ impl Engine {
                 self.renewals.register(handed.clone());
                 tracing::debug!(key = %lease.key, "lock handed to the next waiter of this client");
                 // A waiter gone meanwhile gets it back here, and its drop releases it.
-                let _ = next.tell(Handing::Handed(Handed {
-                    engine: self.clone(),
-                    lease: handed,
-                    taken: false,
-                }));
+                let _ = next.tell(Handing::Handed(Handed::new(handed, self.clone())));
                 Ok(true)
             }
             Ok(HandOver::Released) => {
@@ -623,6 +577,16 @@ impl Engine {
     /// How many callers of this client are parked waiting for `key` now.
     pub(crate) fn parked_waiters(&self, key: &str) -> usize {
         self.waits.parked(key)
+    }
+}
+
+impl Reclaim for Engine {
+    fn reclaim(&self, lease: &Arc<LeaseState>) {
+        if lease.claim_release() {
+            self.release_in_background(lease);
+        } else {
+            self.forget(lease);
+        }
     }
 }
 

@@ -63,6 +63,7 @@ mod store;
 // The watchdog, the waiters and the engine that ties them together.
 mod background;
 mod engine;
+mod handing;
 mod renewal;
 mod waiters;
 // On top: the guard, the task's held leases, the client.

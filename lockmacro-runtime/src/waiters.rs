@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::Background;
 use crate::clock::Backoff;
-use crate::engine::Handing;
+use crate::handing::Handing;
 use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
 use crate::store::{ReleaseFeed, Store, StoreError};
