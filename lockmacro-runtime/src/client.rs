@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::builder::{Deployment, LockClientBuilder};
+use crate::builder::{LockClientBuilder, Parts};
 use crate::context;
 use crate::engine::Engine;
 use crate::error::LockError;
@@ -12,6 +12,7 @@ use crate::key::check_key;
 use crate::lease::Lease;
 use crate::metrics::End;
 use crate::options::LockOptions;
+use crate::store::Deployment;
 
 /// A handle to one Redis deployment for taking locks. Cheap to clone: clones share connections
 /// and one watchdog thread, which ends when the last clone (and the last lease) is dropped.
@@ -90,7 +91,7 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub fn builder_from_client(client: redis::Client) -> LockClientBuilder {
-        LockClientBuilder::new(Deployment::Client(Box::new(client)))
+        LockClientBuilder::new(Deployment::from(client))
     }
 
     /// Starts configuring a client for a Redis Cluster, given some of its nodes (`redis://` or
@@ -149,25 +150,34 @@ impl LockClient {
     /// A client of its own over an in-memory `store`.
     #[cfg(feature = "test-util")]
     pub(crate) fn over_memory(store: crate::store::memory::MemoryStore) -> Self {
-        let scan_interval = Duration::from_secs(2);
-        let response_timeout = Duration::from_secs(1);
-        let engine = Engine::new(
-            Arc::new(store.clone()),
-            crate::background::Background::on_callers_runtime(),
-            crate::engine::Timing {
-                scan_interval,
-                response_timeout,
+        let client = Self::assemble(Parts {
+            store: Arc::new(store.clone()),
+            background: crate::background::Background::on_callers_runtime(),
+            timing: crate::engine::Timing {
+                scan_interval: Duration::from_secs(2),
+                response_timeout: Duration::from_secs(1),
                 shutdown_timeout: crate::builder::DEFAULT_SHUTDOWN_TIMEOUT,
             },
-        );
+            deployment: "in memory".to_owned(),
+        });
         Self {
-            engine: Arc::new(engine),
-            describe: Arc::new(Description {
-                deployment: "in memory".to_owned(),
-                scan_interval,
-                response_timeout,
-            }),
             memory: Some(store),
+            ..client
+        }
+    }
+
+    /// The one place a client is put together, whatever its deployment.
+    fn assemble(parts: Parts) -> Self {
+        let describe = Description {
+            deployment: parts.deployment,
+            scan_interval: parts.timing.scan_interval,
+            response_timeout: parts.timing.response_timeout,
+        };
+        Self {
+            engine: Arc::new(Engine::new(parts.store, parts.background, parts.timing)),
+            describe: Arc::new(describe),
+            #[cfg(feature = "test-util")]
+            memory: None,
         }
     }
 
@@ -319,21 +329,36 @@ impl LockClient {
     }
 }
 
+impl LockClientBuilder {
+    /// Builds the client, opens its connections (the caller's, the watchdog's and the release
+    /// subscriber's) and checks that Redis answers.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a malformed URL, [`LockError::Redis`] when Redis cannot be reached
+    /// or rejects the credentials within the timeouts.
+    ///
+    /// # Panics
+    /// On a tokio runtime built without timers or IO: tokio's own panic names the builder call
+    /// to add (`enable_all`).
+    pub async fn build(self) -> Result<LockClient, LockError> {
+        let client = self.build_lazy()?;
+        client.engine.connect().await?;
+        Ok(client)
+    }
+
+    /// Builds the client without any I/O; connections open on first use. An application
+    /// built this way starts while Redis is down: its locked calls fail with
+    /// [`LockError::Redis`] (503 with the `axum` feature) until Redis answers again.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a malformed URL or when the watchdog thread cannot start.
+    pub fn build_lazy(self) -> Result<LockClient, LockError> {
+        Ok(LockClient::assemble(self.parts()?))
+    }
+}
+
 fn urls(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
     urls.into_iter()
         .map(|url| url.as_ref().to_owned())
         .collect()
-}
-
-/// The URL with any password replaced by `***`, safe to print.
-pub(crate) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
-            }
-            parsed.to_string()
-        }
-        Err(_) => "<malformed url>".to_owned(),
-    }
 }

@@ -2,8 +2,9 @@
 //! live (one Redis, Sentinel, Cluster, a Redlock quorum, memory).
 //!
 //! The engine speaks in keys, tokens and ttls; a [`Store`] turns them into commands, scripts and
-//! connections. Only the modules below this one use `redis`, and each decides where its
-//! internal keys and channels live ([`Names`] is the default layout).
+//! connections. Only the modules below this one use `redis`: the builder hands over plain
+//! settings and [`Deployment::store`] makes the redis clients. The Redis deployments share one
+//! implementation of the lock ([`redis::RedisStore`]) over a transport each.
 
 use std::error::Error;
 use std::fmt;
@@ -12,20 +13,33 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
+
 use crate::clock::Backoff;
 use crate::error::LockError;
 use crate::options::LockKind;
 
-pub(crate) mod cluster;
+mod deployment;
 #[cfg(feature = "test-util")]
 pub(crate) mod memory;
 pub mod protocol;
-pub(crate) mod redis;
-pub(crate) mod redlock;
+mod redis;
+mod redlock;
 mod scripts;
-pub(crate) mod tls;
+mod tls;
 
+pub(crate) use deployment::Deployment;
 pub(crate) use protocol::{AcquireNames, Names};
+
+/// How a deployment is reached and timed, and the names it keeps beside lock keys.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) names: Names,
+    /// The client's own runtime: undoing an abandoned acquire runs there.
+    pub(crate) background: Handle,
+}
 
 /// A boxed future, so deployments can sit behind one `dyn Store`.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -110,6 +124,16 @@ impl AcquireRequest<'_> {
     pub(crate) fn queue_place(&self) -> Duration {
         self.ttl.max(Duration::from_secs(1))
     }
+
+    /// The lease this attempt would take, as a release of it names it.
+    pub(crate) fn lease(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            key: self.key,
+            token: self.token,
+            kind: self.kind,
+            ttl: self.ttl,
+        }
+    }
 }
 
 /// What an acquire attempt found.
@@ -160,6 +184,35 @@ pub(crate) struct LeaseRef<'a> {
     pub(crate) token: &'a str,
     pub(crate) kind: LockKind,
     pub(crate) ttl: Duration,
+}
+
+/// A [`LeaseRef`] that owns its strings, for work that outlives the call that named the lease.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedLease {
+    key: Arc<str>,
+    token: Arc<str>,
+    kind: LockKind,
+    ttl: Duration,
+}
+
+impl OwnedLease {
+    pub(crate) fn of(lease: LeaseRef<'_>) -> Self {
+        Self {
+            key: lease.key.into(),
+            token: lease.token.into(),
+            kind: lease.kind,
+            ttl: lease.ttl,
+        }
+    }
+
+    pub(crate) fn as_ref(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            key: &self.key,
+            token: &self.token,
+            kind: self.kind,
+            ttl: self.ttl,
+        }
+    }
 }
 
 /// What one extension found.

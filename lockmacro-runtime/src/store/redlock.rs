@@ -1,7 +1,7 @@
 //! Redlock: one lock over N independent Redis masters (odd N ≥ 3), held while a majority agrees.
 //! `LockClient::redlock_builder([...])`.
 //!
-//! Each master is a one-server deployment of its own ([`RedisStore`]); this module only counts.
+//! Each master is a one-server deployment of its own ([`RedisStore<Server>`]); this module only counts.
 //! - Acquire: on every master at once, each with a budget far below the ttl. Taken when a
 //!   majority took it and time is left: validity = ttl − elapsed − drift. Otherwise the attempt
 //!   is undone on every master before returning. `Busy` only when a majority names another
@@ -26,10 +26,11 @@ use futures_util::future::{join_all, select_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use super::redis::{RedisStore, Settings};
+use super::redis::RedisStore;
+use super::redis::server::Server;
 use super::{
-    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, ReleaseFeed, Released,
-    Renewal, Store, StoreError,
+    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, OwnedLease, ReleaseFeed,
+    Released, Renewal, Settings, Store, StoreError,
 };
 use crate::clock;
 use crate::error::LockError;
@@ -37,13 +38,16 @@ use crate::error::LockError;
 /// A Redlock quorum.
 #[derive(Clone)]
 pub(crate) struct RedlockStore {
-    masters: Vec<RedisStore>,
+    masters: Vec<RedisStore<Server>>,
     settings: Settings,
 }
 
 impl RedlockStore {
     /// A quorum over `masters`; refuses anything but an odd number, at least 3.
-    pub(crate) fn new(masters: Vec<RedisStore>, settings: Settings) -> Result<Self, String> {
+    pub(crate) fn new(
+        masters: Vec<RedisStore<Server>>,
+        settings: Settings,
+    ) -> Result<Self, String> {
         let n = masters.len();
         if n < 3 || n.is_multiple_of(2) {
             return Err(format!(
@@ -122,13 +126,7 @@ impl Store for RedlockStore {
             }
             // Not ours: undo wherever it was taken (or may have been), before answering.
             if taken > 0 || busy.len() + taken < self.masters.len() {
-                self.release_everywhere(LeaseRef {
-                    key: request.key,
-                    token: request.token,
-                    kind: request.kind,
-                    ttl: request.ttl,
-                })
-                .await;
+                self.release_everywhere(request.lease()).await;
             }
             if busy.len() >= quorum {
                 // Free again once all but a minority of the busy masters are free.
@@ -314,7 +312,7 @@ impl RedlockStore {
     /// it, and lets the rest finish in the background.
     async fn on_every_master<T, F>(
         &self,
-        call: impl Fn(RedisStore) -> F,
+        call: impl Fn(RedisStore<Server>) -> F,
         decided: impl Fn(&[T]) -> bool,
     ) -> Vec<T>
     where
@@ -404,35 +402,6 @@ impl HandsOver for RedlockStore {
                     }))
             }
         })
-    }
-}
-
-/// A lease's reference as owned values, for requests that outlive the caller's borrow.
-#[derive(Clone)]
-struct OwnedLease {
-    key: std::sync::Arc<str>,
-    token: std::sync::Arc<str>,
-    kind: crate::options::LockKind,
-    ttl: Duration,
-}
-
-impl OwnedLease {
-    fn of(lease: LeaseRef<'_>) -> Self {
-        Self {
-            key: lease.key.into(),
-            token: lease.token.into(),
-            kind: lease.kind,
-            ttl: lease.ttl,
-        }
-    }
-
-    fn as_ref(&self) -> LeaseRef<'_> {
-        LeaseRef {
-            key: &self.key,
-            token: &self.token,
-            kind: self.kind,
-            ttl: self.ttl,
-        }
     }
 }
 

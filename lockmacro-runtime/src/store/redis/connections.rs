@@ -41,6 +41,7 @@ struct Slot<C> {
 }
 
 /// A connection lent for one call, with the generation to invalidate if it proves broken.
+#[derive(Clone)]
 pub(crate) struct Lent<C> {
     pub(crate) connection: C,
     pub(crate) generation: u64,

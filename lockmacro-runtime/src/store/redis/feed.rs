@@ -1,13 +1,13 @@
 //! Release announcements from one Redis server, on a subscription connection of its own (one
 //! per client, shared by every waiting key, so waiters never each take a connection).
 
-use std::future::Future;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 
-use crate::store::{BoxFuture, Names, ReleaseFeed, Released, StoreError, TimedOut};
+use super::bounded;
+use crate::store::{BoxFuture, Names, ReleaseFeed, Released, StoreError};
 
 pub(crate) struct PubSubFeed {
     sink: PubSubSink,
@@ -60,16 +60,5 @@ impl ReleaseFeed for PubSubFeed {
                 }
             }
         })
-    }
-}
-
-/// `call`, failing after `budget`.
-async fn bounded<T>(
-    budget: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(budget, call).await {
-        Ok(reply) => reply.map_err(StoreError::unavailable),
-        Err(_) => Err(StoreError::unavailable(TimedOut(budget))),
     }
 }

@@ -1,483 +1,141 @@
-//! One Redis master: the deployment behind `redis://`, `rediss://` and `valkey://` URLs, and,
-//! found through Sentinel, behind `redis+sentinel://` ([`sentinel`]).
+//! The lock over Redis, written once: acquire (one `SET NX PX`, or the acquire script when
+//! fencing, waiting or shared), the undo of an abandoned acquire, renewal batches, releases
+//! and hand-overs that announce themselves, and what every reply means.
 //!
-//! Acquire is one `SET NX PX` (the acquire script when fencing or waiting), extensions are one
-//! pipelined round trip per batch, releases a compare-and-delete that announces itself on the
-//! key's release channel.
+//! A deployment only supplies a [`Transport`]: one master, at a fixed address or found through
+//! Sentinel ([`server`]), or a Redis Cluster ([`cluster`]). As with redis-rs's `ConnectionLike`,
+//! the lock speaks in "send this command, routed by this key", and the transport decides where
+//! that goes and what a failure says about the connection.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
-use tokio::runtime::Handle;
+use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
-use super::protocol;
+use super::protocol::{self, AcquireNames, Names};
 use super::scripts::{self, Announce};
 use super::{
-    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, Names, ReleaseFeed,
-    Renewal, Store, StoreError, TimedOut, Unreachable,
+    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, OwnedLease, ReleaseFeed,
+    Renewal, Settings, Store, StoreError, TimedOut, release_until_settled,
 };
+use crate::error::LockError;
 
+pub(crate) mod cluster;
 pub(crate) mod connections;
 mod feed;
 pub(crate) mod sentinel;
+pub(crate) mod server;
 
-use connections::{Lent, PerRuntime};
-use sentinel::SentinelSource;
+/// How the lock's commands reach a deployment's servers.
+///
+/// A request goes to the server that holds its key (a script's first key): the one master, or
+/// the cluster node that owns the key's slot, following `MOVED`/`ASK`. So a new command needs
+/// nothing new here: a `GET` or `HGETALL` of a lock key, or a script such as a `DEL` +
+/// `PUBLISH`, is a [`redis::Cmd`] sent with [`RedisStore::send`] (which also loads the scripts
+/// a server forgot). A `SCAN` has no key: it reaches the one server as it is, but a cluster
+/// needs a method of its own that visits every master.
+pub(crate) trait Transport: Send + Sync + Sized + 'static {
+    /// A connection lent for one call. The undo of an abandoned acquire is sent on the very
+    /// connection that carried its `SET`, so it reaches the server after it.
+    type Connection: Clone + Send + Sync + 'static;
 
-/// Where the master is.
-#[allow(clippy::large_enum_variant)] // one per client
-pub(crate) enum Source {
-    /// At a fixed address.
-    Direct(redis::Client),
-    /// Wherever the sentinels say it is now.
-    Sentinel(SentinelSource),
+    /// Where the lock's names live and how its releases are announced.
+    const LAYOUT: Layout;
+
+    /// How the deployment is reached and timed, and the names it uses.
+    fn settings(&self) -> &Settings;
+
+    /// The current runtime's connection, opened (with every script loaded) when there is none.
+    fn connection(&self) -> impl Future<Output = Result<Self::Connection, StoreError>> + Send;
+
+    /// Sends `request` once (a pipeline's commands all in one slot), waiting at most `budget`,
+    /// and tells whether a failure may have run; a connection that proved broken is not lent
+    /// again.
+    fn send_once<R: FromRedisValue + Send>(
+        &self,
+        connection: &mut Self::Connection,
+        request: Request<'_>,
+        budget: Duration,
+    ) -> impl Future<Output = Result<R, SendError>> + Send;
+
+    /// Loads every script on the server that holds `key`, after it answered `NOSCRIPT`.
+    fn load_scripts(
+        &self,
+        connection: &mut Self::Connection,
+        key: &str,
+        budget: Duration,
+    ) -> impl Future<Output = Result<(), SendError>> + Send;
+
+    /// A subscription to release announcements, as the deployment announces them.
+    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
 }
 
-impl Source {
-    async fn master(&self) -> Result<redis::Client, StoreError> {
+/// Where a deployment keeps a lock's names, and how it announces a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// One server: names as [`Names`] spells them, releases on `PUBLISH` channels.
+    Server,
+    /// A cluster: every name in its lock key's slot, so no script touches two slots; releases
+    /// on sharded channels (`SPUBLISH`). A plain acquire is `SET NX PX GET`: the cluster
+    /// connection may send a `SET` again after it landed, and our own token coming back tells.
+    Cluster,
+}
+
+impl Layout {
+    /// The names the acquire script keeps beside `key`.
+    fn acquire_names(self, names: &Names, key: &str) -> Result<AcquireNames, LockError> {
         match self {
-            Self::Direct(client) => Ok(client.clone()),
-            Self::Sentinel(sentinel) => sentinel.master().await,
+            Self::Server => Ok(names.for_acquire(key)),
+            Self::Cluster => names.for_acquire_in_slot(key),
         }
     }
 
-    /// The master we knew may be gone or demoted: ask the sentinels again next time.
-    fn forget_master(&self) {
-        if let Self::Sentinel(sentinel) = self {
-            sentinel.forget_master();
-        }
-    }
-}
-
-/// How a Redis deployment is reached and timed.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) connect_timeout: Duration,
-    pub(crate) response_timeout: Duration,
-    pub(crate) names: Names,
-    /// The client's own runtime: undoing an abandoned acquire runs there.
-    pub(crate) background: Handle,
-}
-
-/// One Redis server.
-#[derive(Clone)]
-pub(crate) struct RedisStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    source: Source,
-    config: AsyncConnectionConfig,
-    settings: Settings,
-    connections: PerRuntime<MultiplexedConnection>,
-}
-
-impl RedisStore {
-    pub(crate) fn new(source: Source, settings: Settings) -> Self {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(Some(settings.response_timeout));
-        let store = Self {
-            inner: Arc::new(Inner {
-                source,
-                config,
-                connections: PerRuntime::new(),
-                settings,
-            }),
-        };
-        if let Source::Sentinel(sentinel) = &store.inner.source {
-            sentinel.follow_switches(&store);
-        }
-        store
-    }
-
-    /// Drops every connection: the master changed.
-    pub(crate) fn master_switched(&self) {
-        self.inner.source.forget_master();
-        self.inner.connections.invalidate_all();
-    }
-
-    /// A handle that does not keep the store alive, for tasks that should end with it.
-    pub(crate) fn downgrade(&self) -> WeakRedisStore {
-        WeakRedisStore(Arc::downgrade(&self.inner))
-    }
-
-    fn settings(&self) -> &Settings {
-        &self.inner.settings
-    }
-
-    /// The current runtime's connection; a new one has every script loaded.
-    async fn lend(&self) -> Result<Lent<MultiplexedConnection>, StoreError> {
-        self.inner
-            .connections
-            .lend(|| async {
-                let master = self.inner.source.master().await?;
-                let server = master.get_connection_info().addr().clone();
-                let tls = matches!(server, redis::ConnectionAddr::TcpTls { .. });
-                let budget = self.settings().connect_timeout;
-                let open = async {
-                    let mut connection = master
-                        .get_multiplexed_async_connection_with_config(&self.inner.config)
-                        .await?;
-                    scripts::load_all().exec_async(&mut connection).await?;
-                    Ok::<_, RedisError>(connection)
-                };
-                match tokio::time::timeout(budget, open).await {
-                    Ok(Ok(connection)) => Ok(connection),
-                    Ok(Err(err)) => Err(Unreachable::error(&server, tls && err.is_timeout(), err)),
-                    Err(_) => Err(Unreachable::error(&server, tls, TimedOut(budget))),
-                }
-            })
-            .await
-    }
-
-    /// Sends `request` on `lent`, waiting at most `budget` for the reply. A script the server
-    /// does not know (`NOSCRIPT`: restarted or flushed; none of the request ran) is loaded and
-    /// the request sent once more.
-    async fn send<T: redis::FromRedisValue>(
-        &self,
-        lent: &mut Lent<MultiplexedConnection>,
-        request: Request<'_>,
-        budget: Duration,
-    ) -> Result<T, SendError> {
-        match self.send_once(lent, request, budget).await {
-            Err(SendError::Answered(err))
-                if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
-            {
-                let load = scripts::load_all();
-                self.send_once::<()>(lent, Request::Pipeline(&load), budget)
-                    .await?;
-                self.send_once(lent, request, budget).await
-            }
-            other => other,
+    /// The channel releases of `key` are announced on.
+    fn release_channel(self, names: &Names, key: &str) -> Result<String, LockError> {
+        match self {
+            Self::Server => Ok(names.release_channel(key)),
+            Self::Cluster => Names::in_slot(key, names.release_channel("")),
         }
     }
 
-    async fn send_once<T: redis::FromRedisValue>(
-        &self,
-        lent: &mut Lent<MultiplexedConnection>,
-        request: Request<'_>,
-        budget: Duration,
-    ) -> Result<T, SendError> {
-        let connection = &mut lent.connection;
-        let reply = match request {
-            Request::Cmd(cmd) => self.within(budget, cmd.query_async(connection)).await,
-            Request::Pipeline(pipe) => self.within(budget, pipe.query_async(connection)).await,
-        };
-        match reply {
-            Some(Ok(value)) => Ok(value),
-            Some(Err(err)) => Err(self.classify(lent.generation, err)),
-            None => {
-                // The request keeps its place in the connection's reply queue: if its reply
-                // comes late, that place would take the next request's reply. Never lend it again.
-                self.inner.connections.invalidate(lent.generation);
-                Err(SendError::Unknown(StoreError::unavailable(TimedOut(
-                    budget,
-                ))))
-            }
+    /// Refuses, before anything is taken, a key whose release could not be announced: its
+    /// release would fail.
+    fn check(self, names: &Names, key: &str) -> Result<(), LockError> {
+        match self {
+            Self::Server => Ok(()),
+            Self::Cluster => self.release_channel(names, key).map(drop),
         }
     }
 
-    /// The reply, or `None` when `budget` ran out first. The connection itself bounds every
-    /// request by the response timeout, so a timer of our own is only armed for a shorter budget.
-    async fn within<T>(
-        &self,
-        budget: Duration,
-        reply: impl std::future::Future<Output = redis::RedisResult<T>>,
-    ) -> Option<redis::RedisResult<T>> {
-        if budget < self.settings().response_timeout {
-            tokio::time::timeout(budget, reply).await.ok()
-        } else {
-            Some(reply.await)
+    fn announce(self) -> Announce {
+        match self {
+            Self::Server => Announce::Publish,
+            Self::Cluster => Announce::ShardedPublish,
         }
     }
 
-    /// Whether a failed request may have run, dropping the connection when it proved broken.
-    fn classify(&self, generation: u64, err: RedisError) -> SendError {
-        let connections = &self.inner.connections;
-        let broken = err.is_io_error()
-            || err.is_connection_dropped()
-            || err.is_timeout()
-            || err.is_unrecoverable_error()
-            // A reply of the wrong shape means replies and requests are out of step.
-            || matches!(err.kind(), ErrorKind::UnexpectedReturnType | ErrorKind::Parse);
-        if err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
-            // A replica now: a failover demoted this server. Every connection goes.
-            self.master_switched();
-        } else if broken {
-            connections.invalidate(generation);
-            self.inner.source.forget_master();
-        }
-        if broken {
-            SendError::Unknown(StoreError::unavailable(err))
-        } else {
-            SendError::Answered(err)
-        }
-    }
-
-    /// A script whose reply is a number, on this runtime's connection.
-    async fn run_script(&self, cmd: &redis::Cmd) -> Result<i64, StoreError> {
-        let mut lent = self.lend().await?;
-        let budget = self.settings().response_timeout;
-        self.send(&mut lent, Request::Cmd(cmd), budget)
-            .await
-            .map_err(SendError::into_store_error)
-    }
-
-    /// Compare-and-delete on this runtime's connection.
-    async fn release_here(&self, lease: LeaseRef<'_>) -> Result<bool, StoreError> {
-        Ok(self.run_script(&self.release_cmd(lease)).await? == 1)
-    }
-
-    async fn hand_over_here(
-        &self,
-        lease: LeaseRef<'_>,
-        next: LeaseRef<'_>,
-    ) -> Result<HandOver, StoreError> {
-        let channel = self.settings().names.release_channel(lease.key);
-        let cmd = scripts::hand_over(lease, next, &channel, Announce::Publish);
-        Ok(HandOver::from_reply(self.run_script(&cmd).await?))
-    }
-
-    fn release_cmd(&self, lease: LeaseRef<'_>) -> redis::Cmd {
-        let channel = self.settings().names.release_channel(lease.key);
-        scripts::release(lease, &channel, Announce::Publish)
-    }
-
-    /// Undoes an acquire whose outcome is unknown: a compare-and-delete sent on the connection
-    /// that carried the `SET`, so it reaches Redis after it whatever happened; if that
-    /// connection is gone, retried on a fresh one until the lease would have lapsed anyway.
-    fn undo_acquire(&self, connection: MultiplexedConnection, abandoned: LeaseRef<'_>) {
-        let store = self.clone();
-        let (key, token, kind, ttl) = (
-            abandoned.key.to_owned(),
-            abandoned.token.to_owned(),
-            abandoned.kind,
-            abandoned.ttl,
-        );
-        self.settings().background.spawn(async move {
-            let lease = LeaseRef {
-                key: &key,
-                token: &token,
-                kind,
-                ttl,
-            };
-            let cmd = store.release_cmd(lease);
-            let mut same = Lent {
-                connection,
-                generation: u64::MAX,
-            };
-            let budget = store.settings().response_timeout;
-            match store
-                .send::<i64>(&mut same, Request::Cmd(&cmd), budget)
-                .await
-            {
-                Ok(deleted) => {
-                    tracing::debug!(key = %key, deleted = deleted == 1, "abandoned acquire undone");
-                }
-                Err(_) => {
-                    super::release_until_settled(&store, lease).await;
-                }
-            }
-        });
-    }
-}
-
-impl Store for RedisStore {
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-        budget: Duration,
-    ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
-        Box::pin(async move {
-            let lent = self.lend().await?;
-            let plain = request.is_plain();
-            let cmd = if plain {
-                scripts::set_nx(request.key, request.token, request.ttl)
-            } else {
-                scripts::acquire(&request, &self.settings().names.for_acquire(request.key))
-            };
-            // From here the SET may reach Redis: if this future is dropped, or the reply is
-            // lost, the guard undoes it on the same connection.
-            let mut undo = UndoGuard {
-                store: self,
-                lent,
-                armed: true,
-                abandoned: LeaseRef {
-                    key: request.key,
-                    token: request.token,
-                    kind: request.kind,
-                    ttl: request.ttl,
-                },
-            };
-            let lent = &mut undo.lent;
-            let reply = if plain {
-                self.send::<SetNx>(lent, Request::Cmd(&cmd), budget)
-                    .await
-                    .map(|SetNx(taken)| {
-                        if taken {
-                            Acquired::Taken {
-                                fencing_token: None,
-                            }
-                        } else {
-                            Acquired::Busy { remaining: None }
-                        }
-                    })
-            } else {
-                self.send::<(i64, i64)>(lent, Request::Cmd(&cmd), budget)
-                    .await
-                    .map(|reply| scripts::acquired(&request, reply))
-            };
-            match reply {
-                Ok(Acquired::Busy { remaining: None }) if plain => {
-                    undo.disarm();
-                    // A caller that fails fast learns when to come back, as from the script.
-                    let pttl = scripts::remaining(request.key);
-                    let lent = &mut undo.lent;
-                    let remaining = self.send::<i64>(lent, Request::Cmd(&pttl), budget).await;
-                    Ok(Acquired::Busy {
-                        remaining: remaining.ok().and_then(protocol::remaining),
-                    })
-                }
-                Ok(acquired) => {
-                    undo.disarm();
-                    Ok(acquired)
-                }
-                Err(SendError::Answered(err)) => {
-                    // Redis answered with an error: the SET did not run.
-                    undo.disarm();
-                    Err(SendError::Answered(err).into_store_error())
-                }
-                Err(SendError::Unknown(error)) => Err(error),
-            }
-        })
-    }
-
-    fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
-        Box::pin(async move {
-            let extended = async {
-                let mut lent = self.lend().await?;
-                let batch = scripts::extend(leases);
-                let replies: Vec<Vec<i64>> = self
-                    .send(
-                        &mut lent,
-                        Request::Pipeline(&batch),
-                        self.settings().response_timeout,
-                    )
-                    .await
-                    .map_err(SendError::into_store_error)?;
-                Ok::<_, StoreError>(replies)
-            };
-            match extended.await {
-                Ok(replies) => replies
-                    .into_iter()
-                    .flatten()
-                    .map(|reply| {
-                        if reply == 1 {
-                            Renewal::Extended
-                        } else {
-                            Renewal::Lost
-                        }
-                    })
-                    .collect(),
-                Err(error) => vec![Renewal::Failed(error); leases.len()],
-            }
-        })
-    }
-
-    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.release_here(lease))
-    }
-
-    fn hands_over(&self) -> Option<&dyn HandsOver> {
-        Some(self)
-    }
-
-    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
-        Box::pin(async move {
-            let master = self.inner.source.master().await?;
-            let feed = feed::PubSubFeed::open(
-                &master,
-                self.settings().names.clone(),
-                self.settings().connect_timeout,
-                self.settings().response_timeout,
-            )
-            .await?;
-            Ok(Box::new(feed) as Box<dyn ReleaseFeed>)
-        })
-    }
-
-    fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            let mut lent = self.lend().await?;
-            let ping = redis::cmd("PING");
-            let _: String = self
-                .send(
-                    &mut lent,
-                    Request::Cmd(&ping),
-                    self.settings().response_timeout,
-                )
-                .await
-                .map_err(SendError::into_store_error)?;
-            Ok(())
-        })
-    }
-}
-
-impl HandsOver for RedisStore {
-    fn hand_over<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-        next: LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
-        Box::pin(self.hand_over_here(lease, next))
-    }
-}
-
-/// A [`RedisStore`] that may be gone.
-pub(crate) struct WeakRedisStore(std::sync::Weak<Inner>);
-
-impl WeakRedisStore {
-    pub(crate) fn upgrade(&self) -> Option<RedisStore> {
-        self.0.upgrade().map(|inner| RedisStore { inner })
-    }
-}
-
-/// Undoes a `SET` whose outcome is unknown, on the connection that carried it, unless disarmed
-/// once the reply is known.
-struct UndoGuard<'a> {
-    store: &'a RedisStore,
-    lent: Lent<MultiplexedConnection>,
-    armed: bool,
-    abandoned: LeaseRef<'a>,
-}
-
-impl UndoGuard<'_> {
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for UndoGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.store
-                .undo_acquire(self.lent.connection.clone(), self.abandoned);
+    /// Which renewal batch `key` goes in: one per server that may hold it.
+    fn batch(self, key: &str) -> Option<Slot> {
+        match self {
+            Self::Server => None,
+            Self::Cluster => Some(Slot::for_key(key)),
         }
     }
 }
 
 /// A command or a pipeline.
 #[derive(Clone, Copy)]
-enum Request<'a> {
+pub(crate) enum Request<'a> {
     Cmd(&'a redis::Cmd),
     Pipeline(&'a redis::Pipeline),
 }
 
 /// Why a request failed, and whether it may have run.
-enum SendError {
+pub(crate) enum SendError {
     /// Redis answered with an error: the request ran, or was refused; its outcome is known.
     Answered(RedisError),
     /// No usable answer (timeout, broken connection, a reply out of step): it may have run.
@@ -485,9 +143,18 @@ enum SendError {
 }
 
 impl SendError {
+    /// `err`, whose request may have run when `unknown`.
+    fn new(err: RedisError, unknown: bool) -> Self {
+        match unknown {
+            true => Self::Unknown(StoreError::unavailable(err)),
+            false => Self::Answered(err),
+        }
+    }
+
     fn into_store_error(self) -> StoreError {
         match self {
-            // A cluster node redirects keys of other slots: the client was built for one server.
+            // A one-server client meets redirections only from a cluster node (a cluster
+            // client follows them): the client was built for one server.
             Self::Answered(err)
                 if matches!(
                     err.kind(),
@@ -505,11 +172,352 @@ impl SendError {
     }
 }
 
+/// Whether a failed request may have run without our hearing: no answer, a broken connection,
+/// or a reply of the wrong shape (replies and requests are out of step).
+fn unanswered(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+        || matches!(
+            err.kind(),
+            ErrorKind::UnexpectedReturnType | ErrorKind::Parse
+        )
+}
+
+/// `call`, failing after `budget`: for subscriptions, whose failures need no classifying.
+async fn bounded<T>(
+    budget: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(budget, call).await {
+        Ok(reply) => reply.map_err(StoreError::unavailable),
+        Err(_) => Err(StoreError::unavailable(TimedOut(budget))),
+    }
+}
+
+/// The lock over one deployment's [`Transport`].
+pub(crate) struct RedisStore<T> {
+    transport: Arc<T>,
+}
+
+impl<T> Clone for RedisStore<T> {
+    fn clone(&self) -> Self {
+        Self {
+            transport: self.transport.clone(),
+        }
+    }
+}
+
+impl<T: Transport> RedisStore<T> {
+    pub(crate) fn new(transport: Arc<T>) -> Self {
+        Self { transport }
+    }
+
+    fn settings(&self) -> &Settings {
+        self.transport.settings()
+    }
+
+    /// Sends `request`, whose key is `key`, waiting at most `budget` for the reply. A script
+    /// the server does not know (`NOSCRIPT`: restarted, flushed or just promoted; none of the
+    /// request ran) is loaded on `key`'s server and the request sent once more.
+    pub(crate) async fn send<R: FromRedisValue + Send>(
+        &self,
+        connection: &mut T::Connection,
+        key: &str,
+        request: Request<'_>,
+        budget: Duration,
+    ) -> Result<R, SendError> {
+        let transport = &*self.transport;
+        match transport.send_once(connection, request, budget).await {
+            Err(SendError::Answered(err))
+                if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+            {
+                transport.load_scripts(connection, key, budget).await?;
+                transport.send_once(connection, request, budget).await
+            }
+            other => other,
+        }
+    }
+
+    /// A script whose reply is a number, on this runtime's connection.
+    async fn run_script(&self, key: &str, cmd: &redis::Cmd) -> Result<i64, StoreError> {
+        let mut connection = self.transport.connection().await?;
+        let budget = self.settings().response_timeout;
+        self.send(&mut connection, key, Request::Cmd(cmd), budget)
+            .await
+            .map_err(SendError::into_store_error)
+    }
+
+    fn release_cmd(&self, lease: LeaseRef<'_>) -> Result<redis::Cmd, LockError> {
+        let channel = T::LAYOUT.release_channel(&self.settings().names, lease.key)?;
+        Ok(scripts::release(lease, &channel, T::LAYOUT.announce()))
+    }
+
+    /// The plain acquire: one `SET NX PX` (`GET` too on a cluster, see [`Layout::Cluster`]).
+    async fn set_nx(
+        &self,
+        connection: &mut T::Connection,
+        request: &AcquireRequest<'_>,
+        budget: Duration,
+    ) -> Result<Acquired, SendError> {
+        let (key, token, ttl) = (request.key, request.token, request.ttl);
+        let taken = match T::LAYOUT {
+            Layout::Server => {
+                let cmd = scripts::set_nx(key, token, ttl);
+                let reply = self.send(connection, key, Request::Cmd(&cmd), budget).await;
+                reply.map(|SetNx(taken)| taken)
+            }
+            Layout::Cluster => {
+                let cmd = scripts::set_nx_get(key, token, ttl);
+                match self
+                    .send::<Option<String>>(connection, key, Request::Cmd(&cmd), budget)
+                    .await
+                {
+                    // Nothing was there, or a `SET` resent after it landed: ours.
+                    Ok(previous) => Ok(previous.is_none_or(|value| protocol::holds(&value, token))),
+                    // `GET` of a shared lock (a hash): held by readers or permit holders.
+                    Err(SendError::Answered(err)) if err.code() == Some("WRONGTYPE") => Ok(false),
+                    Err(other) => Err(other),
+                }
+            }
+        };
+        taken.map(|taken| match taken {
+            true => Acquired::Taken {
+                fencing_token: None,
+            },
+            false => Acquired::Busy { remaining: None },
+        })
+    }
+
+    /// Undoes an acquire whose outcome is unknown: a compare-and-delete sent on the connection
+    /// that carried the `SET`, so it reaches Redis after it whatever happened; if that
+    /// connection is gone, retried on a fresh one until the lease would have lapsed anyway.
+    fn undo_acquire(&self, mut connection: T::Connection, abandoned: LeaseRef<'_>) {
+        let store = self.clone();
+        let abandoned = OwnedLease::of(abandoned);
+        self.settings().background.spawn(async move {
+            let lease = abandoned.as_ref();
+            // A key whose release has no channel was refused before its `SET`.
+            let Ok(cmd) = store.release_cmd(lease) else {
+                return;
+            };
+            let budget = store.settings().response_timeout;
+            let request = Request::Cmd(&cmd);
+            match store.send::<i64>(&mut connection, lease.key, request, budget).await {
+                Ok(deleted) => {
+                    tracing::debug!(key = %lease.key, deleted = deleted == 1, "abandoned acquire undone");
+                }
+                Err(_) => {
+                    release_until_settled(&store, lease).await;
+                }
+            }
+        });
+    }
+
+    /// Extends one batch of leases, all on one server, in one round trip.
+    async fn extend_batch(
+        &self,
+        mut connection: T::Connection,
+        leases: &[LeaseRef<'_>],
+    ) -> Vec<Renewal> {
+        let batch = scripts::extend(leases);
+        let budget = self.settings().response_timeout;
+        let replied = self
+            .send::<Vec<Vec<i64>>>(
+                &mut connection,
+                leases[0].key,
+                Request::Pipeline(&batch),
+                budget,
+            )
+            .await;
+        match replied.map(|chunks| chunks.concat()) {
+            Ok(extended) if extended.len() == leases.len() => extended
+                .into_iter()
+                .map(|one| match one {
+                    1 => Renewal::Extended,
+                    _ => Renewal::Lost,
+                })
+                .collect(),
+            Ok(_) => {
+                let wrong = StoreError::unavailable("a renewal reply of the wrong length");
+                vec![Renewal::Failed(wrong); leases.len()]
+            }
+            Err(sent) => vec![Renewal::Failed(sent.into_store_error()); leases.len()],
+        }
+    }
+}
+
+impl<T: Transport> Store for RedisStore<T> {
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
+        Box::pin(async move {
+            let names = &self.settings().names;
+            T::LAYOUT.check(names, request.key)?;
+            let plain = request.is_plain();
+            let script = match plain {
+                true => None,
+                false => {
+                    let names = T::LAYOUT.acquire_names(names, request.key)?;
+                    Some(scripts::acquire(&request, &names))
+                }
+            };
+            let connection = self.transport.connection().await?;
+            // From here the SET may reach Redis: if this future is dropped, or the reply is
+            // lost, the guard undoes it on the same connection.
+            let mut undo = UndoGuard {
+                store: self,
+                connection,
+                armed: true,
+                abandoned: request.lease(),
+            };
+            let connection = &mut undo.connection;
+            let reply = match &script {
+                None => self.set_nx(connection, &request, budget).await,
+                Some(cmd) => self
+                    .send(connection, request.key, Request::Cmd(cmd), budget)
+                    .await
+                    .map(|reply| scripts::acquired(&request, reply)),
+            };
+            match reply {
+                Ok(Acquired::Busy { remaining: None }) if plain => {
+                    undo.disarm();
+                    // A caller that fails fast learns when to come back, as from the script.
+                    let pttl = scripts::remaining(request.key);
+                    let connection = &mut undo.connection;
+                    let remaining = self
+                        .send::<i64>(connection, request.key, Request::Cmd(&pttl), budget)
+                        .await;
+                    Ok(Acquired::Busy {
+                        remaining: remaining.ok().and_then(protocol::remaining),
+                    })
+                }
+                Ok(acquired) => {
+                    undo.disarm();
+                    Ok(acquired)
+                }
+                Err(SendError::Answered(err)) => {
+                    // Redis answered with an error: the SET did not run.
+                    undo.disarm();
+                    Err(StoreError::unavailable(err))
+                }
+                Err(SendError::Unknown(error)) => Err(error),
+            }
+        })
+    }
+
+    fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
+        Box::pin(async move {
+            let connection = match self.transport.connection().await {
+                Ok(connection) => connection,
+                Err(error) => return vec![Renewal::Failed(error); leases.len()],
+            };
+            // One batch per server, all at once: about one round trip per server a tick.
+            let mut batches: HashMap<Option<Slot>, Vec<usize>> = HashMap::new();
+            for (index, lease) in leases.iter().enumerate() {
+                let batch = batches.entry(T::LAYOUT.batch(lease.key));
+                batch.or_default().push(index);
+            }
+            let batches = batches.values().map(|indexes| {
+                let connection = connection.clone();
+                let batch: Vec<LeaseRef<'_>> = indexes.iter().map(|&i| leases[i]).collect();
+                async move { (indexes, self.extend_batch(connection, &batch).await) }
+            });
+            let mut outcomes = vec![None; leases.len()];
+            for (indexes, renewed) in join_all(batches).await {
+                for (&index, outcome) in indexes.iter().zip(renewed) {
+                    outcomes[index] = Some(outcome);
+                }
+            }
+            outcomes
+                .into_iter()
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|| {
+                        Renewal::Failed(StoreError::unavailable("no renewal reply"))
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let cmd = self.release_cmd(lease)?;
+            Ok(self.run_script(lease.key, &cmd).await? == 1)
+        })
+    }
+
+    fn hands_over(&self) -> Option<&dyn HandsOver> {
+        Some(self)
+    }
+
+    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
+        self.transport.release_feed()
+    }
+
+    fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.transport.connection().await?;
+            // On a cluster, PING goes to every node: all of them must answer.
+            let ping = redis::cmd("PING");
+            let budget = self.settings().response_timeout;
+            self.transport
+                .send_once::<redis::Value>(&mut connection, Request::Cmd(&ping), budget)
+                .await
+                .map_err(SendError::into_store_error)?;
+            Ok(())
+        })
+    }
+}
+
+impl<T: Transport> HandsOver for RedisStore<T> {
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(async move {
+            let channel = T::LAYOUT.release_channel(&self.settings().names, lease.key)?;
+            let cmd = scripts::hand_over(lease, next, &channel, T::LAYOUT.announce());
+            Ok(HandOver::from_reply(
+                self.run_script(lease.key, &cmd).await?,
+            ))
+        })
+    }
+}
+
+/// Undoes a `SET` whose outcome is unknown, on the connection that carried it, unless disarmed
+/// once the reply is known.
+struct UndoGuard<'a, T: Transport> {
+    store: &'a RedisStore<T>,
+    connection: T::Connection,
+    armed: bool,
+    abandoned: LeaseRef<'a>,
+}
+
+impl<T: Transport> UndoGuard<'_, T> {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<T: Transport> Drop for UndoGuard<'_, T> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.store
+                .undo_acquire(self.connection.clone(), self.abandoned);
+        }
+    }
+}
+
 /// The reply to `SET NX`: `OK` when set, nil when the key exists. Anything else is a parse
 /// error, so the connection that produced it is dropped.
 struct SetNx(bool);
 
-impl redis::FromRedisValue for SetNx {
+impl FromRedisValue for SetNx {
     fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
         match value {
             redis::Value::Okay => Ok(Self(true)),

@@ -10,12 +10,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, TlsMode};
 
-use super::RedisStore;
-use crate::clock::Backoff;
+use super::bounded;
 use crate::store::StoreError;
 
 /// Where the sentinels are, and what they last said of the master.
@@ -93,6 +91,11 @@ impl SentinelSource {
         })
     }
 
+    /// The service the sentinels watch.
+    pub(crate) fn service(&self) -> &str {
+        &self.service
+    }
+
     /// The current master, asking the sentinels when it is not known.
     pub(crate) async fn master(&self) -> Result<redis::Client, StoreError> {
         if let Some(master) = self.known() {
@@ -121,43 +124,6 @@ impl SentinelSource {
             .clone()
     }
 
-    /// Listens for `+switch-master` on a sentinel, for as long as `store` lives, and drops the
-    /// store's connections to the old master as soon as one is announced for our service.
-    pub(crate) fn follow_switches(&self, store: &RedisStore) {
-        let weak = store.downgrade();
-        let service = self.service.clone();
-        store.settings().background.spawn(async move {
-            let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-            loop {
-                let Some(store) = weak.upgrade() else { return };
-                let super::Source::Sentinel(sentinel) = &store.inner.source else {
-                    return;
-                };
-                let subscribed = sentinel
-                    .announcements(store.settings().connect_timeout)
-                    .await;
-                drop(store);
-                match subscribed {
-                    Ok(mut announcements) => {
-                        backoff.reset();
-                        while let Some(message) = announcements.next().await {
-                            let Some(store) = weak.upgrade() else { return };
-                            let payload: String = message.get_payload().unwrap_or_default();
-                            if payload.split(' ').next() == Some(service.as_str()) {
-                                tracing::info!(service = %service, switch = %payload, "sentinels switched the master");
-                                store.master_switched();
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        tracing::debug!(service = %service, error = %error, "cannot follow +switch-master");
-                    }
-                }
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-        });
-    }
-
     /// A subscription to `+switch-master` on the first sentinel that answers.
     pub(crate) async fn announcements(
         &self,
@@ -174,12 +140,7 @@ impl SentinelSource {
             pubsub.subscribe("+switch-master").await?;
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
         };
-        match tokio::time::timeout(connect_timeout, subscribe).await {
-            Ok(subscribed) => subscribed.map_err(StoreError::unavailable),
-            Err(_) => Err(StoreError::unavailable(crate::store::TimedOut(
-                connect_timeout,
-            ))),
-        }
+        bounded(connect_timeout, subscribe).await
     }
 }
 

@@ -1,0 +1,260 @@
+//! Redis Cluster: `LockClient::cluster_builder([seed urls])`.
+//!
+//! Built on redis-rs's cluster connection, which routes each command by its key's slot and
+//! follows `MOVED`/`ASK` and failovers. What is ours:
+//! - every name that belongs to a lock (its fencing counter, its release channel) is derived in
+//!   Rust so that it hashes to the lock key's own slot, and scripts get them as arguments: no
+//!   script ever touches two slots, so no `CROSSSLOT`. A key for which no such name exists is
+//!   `InvalidKey`;
+//! - a renewal tick sends one script call per slot, all at once: redis-rs writes those of one node
+//!   on that node's connection together, so a tick costs about one round trip per master;
+//! - releases are announced on sharded channels (`SPUBLISH`, Redis 7), heard through `SSUBSCRIBE`
+//!   on the node that owns the slot, and resubscribed by redis-rs after a failover or reshard; a
+//!   hand-over to a waiter of the same client counts other clients' waiters there too
+//!   (`PUBSUB SHARDNUMSUB`);
+//! - a script unknown to one node (`NOSCRIPT` from a promoted replica) is loaded on that node
+//!   alone, then the call is sent again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::try_join_all;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{FromRedisValue, ProtocolVersion, PushKind, RedisError, Value};
+use tokio::sync::mpsc;
+
+use super::connections::PerRuntime;
+use super::{Layout, RedisStore, Request, SendError, Transport, bounded, unanswered};
+use crate::store::protocol::Names;
+use crate::store::scripts;
+use crate::store::{BoxFuture, ReleaseFeed, Released, Settings, StoreError, TimedOut, Unreachable};
+
+/// A Redis Cluster.
+pub(crate) struct Cluster {
+    /// For commands: connections and routing.
+    client: ClusterClient,
+    /// The seed nodes, for messages.
+    seeds: String,
+    tls: bool,
+    /// A builder for the same cluster (seeds, credentials, TLS), for subscription clients.
+    configure: Configure,
+    settings: Settings,
+    connections: PerRuntime<ClusterConnection>,
+}
+
+/// Makes a client builder for the cluster, with the seeds, credentials and TLS settings applied.
+pub(crate) type Configure = Box<dyn Fn() -> ClusterClientBuilder + Send + Sync>;
+
+impl RedisStore<Cluster> {
+    /// The lock on the cluster `configure` reaches; `seeds` names it in messages.
+    pub(crate) fn cluster(
+        seeds: String,
+        tls: bool,
+        configure: Configure,
+        settings: Settings,
+    ) -> Result<Self, RedisError> {
+        let client = configure()
+            .connection_timeout(settings.connect_timeout)
+            .response_timeout(settings.response_timeout)
+            .build()?;
+        Ok(Self::new(Arc::new(Cluster {
+            client,
+            seeds,
+            tls,
+            configure,
+            connections: PerRuntime::new(),
+            settings,
+        })))
+    }
+}
+
+impl Transport for Cluster {
+    type Connection = ClusterConnection;
+
+    const LAYOUT: Layout = Layout::Cluster;
+
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The current runtime's cluster connection; a new one has every script loaded on every
+    /// node. redis-rs reconnects it by itself, so it is never dropped here.
+    async fn connection(&self) -> Result<ClusterConnection, StoreError> {
+        let lent = self
+            .connections
+            .lend(|| async {
+                let budget = self.settings.connect_timeout;
+                let open = async {
+                    let mut connection = self.client.get_async_connection().await?;
+                    // `SCRIPT LOAD` alone (not in a pipeline) is routed to every node.
+                    for load in scripts::load_all().cmd_iter() {
+                        load.exec_async(&mut connection).await?;
+                    }
+                    Ok::<_, RedisError>(connection)
+                };
+                let server = format!("the cluster at {}", self.seeds);
+                match tokio::time::timeout(budget, open).await {
+                    Ok(Ok(connection)) => Ok(connection),
+                    // A plain server answers, but not as a cluster: say so, not "cannot reach".
+                    Ok(Err(err)) if err.to_string().contains("cluster support disabled") => {
+                        Err(StoreError::unavailable(format!(
+                            "{server} is not a cluster: the server answered that it has cluster \
+                             support disabled; build the client with `LockClient::builder(url)` \
+                             for one Redis ({err})"
+                        )))
+                    }
+                    Ok(Err(err)) => {
+                        let unanswered = self.tls && err.is_timeout();
+                        Err(Unreachable::error(server, unanswered, err))
+                    }
+                    Err(_) => Err(Unreachable::error(server, self.tls, TimedOut(budget))),
+                }
+            })
+            .await?;
+        Ok(lent.connection)
+    }
+
+    /// A pipeline's commands (a renewal batch, all in one slot) are sent as commands of their
+    /// own, all at once: redis-rs writes those of one node together, and follows `MOVED`/`ASK`
+    /// for each.
+    async fn send_once<R: FromRedisValue + Send>(
+        &self,
+        connection: &mut ClusterConnection,
+        request: Request<'_>,
+        budget: Duration,
+    ) -> Result<R, SendError> {
+        let reply = match request {
+            Request::Cmd(cmd) => tokio::time::timeout(budget, cmd.query_async(connection)).await,
+            Request::Pipeline(pipe) => {
+                let replies = pipe.cmd_iter().map(|cmd| {
+                    let mut connection = connection.clone();
+                    async move { cmd.query_async::<Value>(&mut connection).await }
+                });
+                let replies = async {
+                    let replies = try_join_all(replies).await?;
+                    Ok(R::from_redis_value(Value::Array(replies))?)
+                };
+                tokio::time::timeout(budget, replies).await
+            }
+        };
+        match reply {
+            Ok(reply) => reply.map_err(classify),
+            Err(_) => Err(SendError::Unknown(StoreError::unavailable(TimedOut(
+                budget,
+            )))),
+        }
+    }
+
+    /// Loads the scripts on the node that owns `key` alone (a promoted replica, say).
+    async fn load_scripts(
+        &self,
+        connection: &mut ClusterConnection,
+        key: &str,
+        _budget: Duration,
+    ) -> Result<(), SendError> {
+        let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            key,
+            SlotAddr::Master,
+        )));
+        for load in scripts::load_all().cmd_iter() {
+            let loaded = connection.route_command(load.clone(), node.clone()).await;
+            loaded.map_err(classify)?;
+        }
+        Ok(())
+    }
+
+    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
+        Box::pin(async move {
+            let (pushes, received) = mpsc::unbounded_channel();
+            let client = (self.configure)()
+                .connection_timeout(self.settings.connect_timeout)
+                .response_timeout(self.settings.response_timeout)
+                .use_protocol(ProtocolVersion::RESP3)
+                .push_sender(pushes)
+                .build()
+                .map_err(StoreError::unavailable)?;
+            let connection =
+                bounded(self.settings.connect_timeout, client.get_async_connection()).await?;
+            Ok(Box::new(ShardedFeed {
+                connection,
+                pushes: received,
+                channel_prefix: self.settings.names.release_channel(""),
+                watched: HashMap::new(),
+                response_timeout: self.settings.response_timeout,
+            }) as Box<dyn ReleaseFeed>)
+        })
+    }
+}
+
+/// Whether a failed request may have run; a cluster's own errors (`MOVED`, `TRYAGAIN`, ...) came
+/// after redis-rs's retries, so the request's outcome is unknown.
+fn classify(err: RedisError) -> SendError {
+    let unknown = unanswered(&err) || err.is_cluster_error();
+    SendError::new(err, unknown)
+}
+
+/// Release announcements heard through `SSUBSCRIBE`, over a RESP3 cluster connection of its own.
+struct ShardedFeed {
+    connection: ClusterConnection,
+    pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+    channel_prefix: String,
+    /// Channel → key, for the keys watched: a channel name alone cannot always tell its key
+    /// (`a` and `{a}` share one).
+    watched: HashMap<String, String>,
+    response_timeout: Duration,
+}
+
+impl ReleaseFeed for ShardedFeed {
+    fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
+            bounded(self.response_timeout, self.connection.ssubscribe(&channel)).await?;
+            self.watched.insert(channel, key.to_owned());
+            Ok(())
+        })
+    }
+
+    fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
+            self.watched.remove(&channel);
+            bounded(
+                self.response_timeout,
+                self.connection.sunsubscribe(&channel),
+            )
+            .await
+        })
+    }
+
+    fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
+        Box::pin(async move {
+            loop {
+                let push = self.pushes.recv().await?;
+                if push.kind != PushKind::SMessage {
+                    continue;
+                }
+                let Some(Value::BulkString(channel)) = push.data.first() else {
+                    continue;
+                };
+                let key = std::str::from_utf8(channel)
+                    .ok()
+                    .and_then(|channel| self.watched.get(channel));
+                if let Some(key) = key {
+                    let token = match push.data.get(1) {
+                        Some(Value::BulkString(token)) => {
+                            String::from_utf8_lossy(token).into_owned()
+                        }
+                        _ => String::new(),
+                    };
+                    return Some(Released {
+                        key: key.clone(),
+                        token,
+                    });
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,225 @@
+//! One Redis master: the transport behind `redis://`, `rediss://` and `valkey://` URLs, and,
+//! found through Sentinel, behind `redis+sentinel://` ([`sentinel`](super::sentinel)).
+//!
+//! One multiplexed connection per tokio runtime, reopened when it proves broken; a `READONLY`
+//! reply (a failover demoted the server) drops them all and asks the sentinels again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
+
+use super::connections::{Lent, PerRuntime};
+use super::sentinel::SentinelSource;
+use super::{RedisStore, Request, SendError, Transport, feed, unanswered};
+use crate::clock::Backoff;
+use crate::store::scripts;
+use crate::store::{BoxFuture, ReleaseFeed, Settings, StoreError, TimedOut, Unreachable};
+
+/// Where the master is.
+#[allow(clippy::large_enum_variant)] // one per client
+pub(crate) enum Source {
+    /// At a fixed address.
+    Direct(redis::Client),
+    /// Wherever the sentinels say it is now.
+    Sentinel(SentinelSource),
+}
+
+impl Source {
+    async fn master(&self) -> Result<redis::Client, StoreError> {
+        match self {
+            Self::Direct(client) => Ok(client.clone()),
+            Self::Sentinel(sentinel) => sentinel.master().await,
+        }
+    }
+
+    /// The master we knew may be gone or demoted: ask the sentinels again next time.
+    fn forget_master(&self) {
+        if let Self::Sentinel(sentinel) = self {
+            sentinel.forget_master();
+        }
+    }
+}
+
+/// One Redis server.
+pub(crate) struct Server {
+    source: Source,
+    config: AsyncConnectionConfig,
+    settings: Settings,
+    connections: PerRuntime<MultiplexedConnection>,
+}
+
+impl RedisStore<Server> {
+    /// The lock on the master `source` names; one found through Sentinel is followed across
+    /// failovers for as long as the store lives.
+    pub(crate) fn server(source: Source, settings: Settings) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(settings.connect_timeout))
+            .set_response_timeout(Some(settings.response_timeout));
+        let server = Arc::new(Server {
+            source,
+            config,
+            connections: PerRuntime::new(),
+            settings,
+        });
+        if let Source::Sentinel(sentinel) = &server.source {
+            follow_switches(&server, sentinel.service().to_owned());
+        }
+        Self::new(server)
+    }
+}
+
+impl Server {
+    /// Drops every connection: the master changed.
+    fn master_switched(&self) {
+        self.source.forget_master();
+        self.connections.invalidate_all();
+    }
+
+    /// The reply, or `None` when `budget` ran out first. The connection itself bounds every
+    /// request by the response timeout, so a timer of our own is only armed for a shorter budget.
+    async fn within<T>(
+        &self,
+        budget: Duration,
+        reply: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Option<redis::RedisResult<T>> {
+        if budget < self.settings.response_timeout {
+            tokio::time::timeout(budget, reply).await.ok()
+        } else {
+            Some(reply.await)
+        }
+    }
+
+    /// Whether a failed request may have run, dropping the connection when it proved broken.
+    fn classify(&self, generation: u64, err: RedisError) -> SendError {
+        let broken = unanswered(&err);
+        if err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
+            // A replica now: a failover demoted this server. Every connection goes.
+            self.master_switched();
+        } else if broken {
+            self.connections.invalidate(generation);
+            self.source.forget_master();
+        }
+        SendError::new(err, broken)
+    }
+}
+
+impl Transport for Server {
+    type Connection = Lent<MultiplexedConnection>;
+
+    const LAYOUT: super::Layout = super::Layout::Server;
+
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    async fn connection(&self) -> Result<Self::Connection, StoreError> {
+        self.connections
+            .lend(|| async {
+                let master = self.source.master().await?;
+                let server = master.get_connection_info().addr().clone();
+                let tls = matches!(server, redis::ConnectionAddr::TcpTls { .. });
+                let budget = self.settings.connect_timeout;
+                let open = async {
+                    let mut connection = master
+                        .get_multiplexed_async_connection_with_config(&self.config)
+                        .await?;
+                    scripts::load_all().exec_async(&mut connection).await?;
+                    Ok::<_, RedisError>(connection)
+                };
+                match tokio::time::timeout(budget, open).await {
+                    Ok(Ok(connection)) => Ok(connection),
+                    Ok(Err(err)) => Err(Unreachable::error(&server, tls && err.is_timeout(), err)),
+                    Err(_) => Err(Unreachable::error(&server, tls, TimedOut(budget))),
+                }
+            })
+            .await
+    }
+
+    async fn send_once<R: redis::FromRedisValue + Send>(
+        &self,
+        lent: &mut Self::Connection,
+        request: Request<'_>,
+        budget: Duration,
+    ) -> Result<R, SendError> {
+        let connection = &mut lent.connection;
+        let reply = match request {
+            Request::Cmd(cmd) => self.within(budget, cmd.query_async(connection)).await,
+            Request::Pipeline(pipe) => self.within(budget, pipe.query_async(connection)).await,
+        };
+        match reply {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(err)) => Err(self.classify(lent.generation, err)),
+            None => {
+                // The request keeps its place in the connection's reply queue: if its reply
+                // comes late, that place would take the next request's reply. Never lend it again.
+                self.connections.invalidate(lent.generation);
+                Err(SendError::Unknown(StoreError::unavailable(TimedOut(
+                    budget,
+                ))))
+            }
+        }
+    }
+
+    /// One server holds every key.
+    async fn load_scripts(
+        &self,
+        lent: &mut Self::Connection,
+        _key: &str,
+        budget: Duration,
+    ) -> Result<(), SendError> {
+        let load = scripts::load_all();
+        self.send_once(lent, Request::Pipeline(&load), budget).await
+    }
+
+    fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
+        Box::pin(async move {
+            let master = self.source.master().await?;
+            let feed = feed::PubSubFeed::open(
+                &master,
+                self.settings.names.clone(),
+                self.settings.connect_timeout,
+                self.settings.response_timeout,
+            )
+            .await?;
+            Ok(Box::new(feed) as Box<dyn ReleaseFeed>)
+        })
+    }
+}
+
+/// Listens for `+switch-master` on a sentinel, for as long as `server` lives, and drops its
+/// connections to the old master as soon as one is announced for `service`.
+fn follow_switches(server: &Arc<Server>, service: String) {
+    let weak = Arc::downgrade(server);
+    let connect_timeout = server.settings.connect_timeout;
+    server.settings.background.spawn(async move {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        loop {
+            let Some(server) = weak.upgrade() else { return };
+            let Source::Sentinel(sentinel) = &server.source else {
+                return;
+            };
+            let subscribed = sentinel.announcements(connect_timeout).await;
+            drop(server);
+            match subscribed {
+                Ok(mut announcements) => {
+                    backoff.reset();
+                    while let Some(message) = announcements.next().await {
+                        let Some(server) = weak.upgrade() else { return };
+                        let payload: String = message.get_payload().unwrap_or_default();
+                        if payload.split(' ').next() == Some(service.as_str()) {
+                            tracing::info!(service = %service, switch = %payload, "sentinels switched the master");
+                            server.master_switched();
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(service = %service, error = %error, "cannot follow +switch-master");
+                }
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    });
+}
