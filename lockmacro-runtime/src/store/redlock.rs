@@ -69,10 +69,14 @@ impl RedlockStore {
     }
 
     /// Compare-and-delete on every master, awaited (bounded), for undoing an attempt.
-    async fn release_everywhere(&self, lease: LeaseRef<'_>) {
+    /// `true` when every master answered.
+    async fn release_everywhere(&self, lease: LeaseRef<'_>) -> bool {
         let budget = self.settings.response_timeout;
         let releases = self.masters.iter().map(|master| master.release(lease));
-        let _ = tokio::time::timeout(budget, join_all(releases)).await;
+        match tokio::time::timeout(budget, join_all(releases)).await {
+            Ok(answers) => answers.iter().all(Result::is_ok),
+            Err(_) => false,
+        }
     }
 }
 
@@ -381,12 +385,14 @@ impl HandsOver for RedlockStore {
             if handed >= quorum {
                 return Ok(HandOver::Handed);
             }
-            if handed > 0 {
-                // Not enough to hold it: the next holder's token is no lock; free it again.
-                let store = self.clone();
-                self.settings.background.spawn(async move {
-                    store.release_everywhere(theirs.as_ref()).await;
-                });
+            // Not enough to hold it: the next holder's token is no lock. It is taken back before
+            // answering, since the waiter looks again with that same token (an attempt that
+            // finds its own token takes it as its own): a take-back still on its way would
+            // delete the lock from under it. Unconfirmed, the waiter must change tokens.
+            if handed > 0 && !self.release_everywhere(theirs.as_ref()).await {
+                return Err(StoreError::unavailable(
+                    "a partial hand-over could not be taken back from every master",
+                ));
             }
             if not_ours >= quorum {
                 Ok(HandOver::NotOurs)

@@ -402,7 +402,7 @@ impl<T: Transport> Store for RedisStore<T> {
                 Err(SendError::Answered(err)) => {
                     // Redis answered with an error: the SET did not run.
                     undo.disarm();
-                    Err(StoreError::unavailable(err))
+                    Err(SendError::Answered(err).into_store_error())
                 }
                 Err(SendError::Unknown(error)) => Err(error),
             }
