@@ -26,6 +26,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, Sl
 use redis::{ErrorKind, ProtocolVersion, PushKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::mpsc;
 
+use super::inspect::{self, Commands, Cursor, Page, Snapshot};
 use super::protocol::{self, Names};
 use super::redis::Settings;
 use super::scripts::{self, Announce};
@@ -374,6 +375,26 @@ impl Store for ClusterStore {
         })
     }
 
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+        mark: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(inspect::look(self, key, mark))
+    }
+
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Cursor,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(inspect::scan(self, prefix, cursor))
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(inspect::force_release(self, key))
+    }
+
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection().await?;
@@ -385,6 +406,57 @@ impl Store for ClusterStore {
             )
             .await
             .map(|_| ())
+        })
+    }
+}
+
+impl Commands for ClusterStore {
+    fn names(&self) -> &Names {
+        &self.settings().names
+    }
+
+    fn is_cluster(&self) -> bool {
+        true
+    }
+
+    fn on_key<'a>(
+        &'a self,
+        key: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<Value, StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.connection().await?;
+            self.send(&mut connection, key, cmd, self.settings().response_timeout)
+                .await
+                .map_err(Sent::into_store_error)
+        })
+    }
+
+    fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.connection().await?;
+            let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+            let nodes = connection.route_command(redis::cmd("CLUSTER").arg("NODES").clone(), any);
+            let nodes = bounded(self.settings().response_timeout, nodes).await?;
+            let nodes: String = redis::from_redis_value(nodes).map_err(StoreError::unavailable)?;
+            Ok(inspect::cluster_masters(&nodes))
+        })
+    }
+
+    fn on_master<'a>(
+        &'a self,
+        master: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<Value, StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.connection().await?;
+            let (host, port) = master
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+                .ok_or_else(|| StoreError::unavailable(format!("no node at `{master}`")))?;
+            let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            let reply = connection.route_command(cmd.clone(), node);
+            bounded(self.settings().response_timeout, reply).await
         })
     }
 }

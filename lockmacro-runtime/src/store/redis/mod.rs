@@ -12,6 +12,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
 use tokio::runtime::Handle;
 
+use super::inspect::{self, Commands, Cursor, Page, Snapshot};
 use super::protocol;
 use super::scripts::{self, Announce};
 use super::{
@@ -409,6 +410,26 @@ impl Store for RedisStore {
         })
     }
 
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+        mark: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(inspect::look(self, key, mark))
+    }
+
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Cursor,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(inspect::scan(self, prefix, cursor))
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(inspect::force_release(self, key))
+    }
+
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let mut lent = self.lend().await?;
@@ -423,6 +444,42 @@ impl Store for RedisStore {
                 .map_err(SendError::into_store_error)?;
             Ok(())
         })
+    }
+}
+
+impl Commands for RedisStore {
+    fn names(&self) -> &Names {
+        &self.settings().names
+    }
+
+    fn is_cluster(&self) -> bool {
+        false
+    }
+
+    fn on_key<'a>(
+        &'a self,
+        _key: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
+        Box::pin(async move {
+            let mut lent = self.lend().await?;
+            let budget = self.settings().response_timeout;
+            self.send(&mut lent, Request::Cmd(cmd), budget)
+                .await
+                .map_err(SendError::into_store_error)
+        })
+    }
+
+    fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async { Ok(vec![String::new()]) })
+    }
+
+    fn on_master<'a>(
+        &'a self,
+        _master: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
+        self.on_key("", cmd)
     }
 }
 
