@@ -72,8 +72,8 @@ impl LockInfo {
     /// Callers known to wait for it: the larger of the clients subscribed to its release
     /// announcements (`PUBSUB NUMSUB`, `SHARDNUMSUB` on a Cluster; a client subscribes once
     /// however many of its callers wait, and a running [`LockClient::watch`] counts as one) and
-    /// the live places in its fair queue (one per fair waiter). On Redlock, the most any master
-    /// reports; in memory, the same two figures from the store.
+    /// the live places in its fair queue (one per fair waiter). On Redlock, the most that a
+    /// majority of the masters report; in memory, the same two figures from the store.
     pub fn waiters(&self) -> usize {
         self.waiters
     }

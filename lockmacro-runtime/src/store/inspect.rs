@@ -172,7 +172,7 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
 fn text(value: Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
-        Value::SimpleString(text) => Some(text),
+        Value::SimpleString(text) | Value::VerbatimString { text, .. } => Some(text),
         Value::Okay => Some("OK".to_owned()),
         _ => None,
     }
@@ -251,6 +251,9 @@ async fn scan_keys(
     let nodes = match &cursor.nodes {
         Some(nodes) => nodes.clone(),
         None => {
+            if !commands.is_cluster() {
+                refuse_a_cluster_node(commands).await?;
+            }
             let nodes: Arc<[String]> = commands.masters().await?.into();
             cursor.nodes = Some(nodes.clone());
             nodes
@@ -306,6 +309,23 @@ pub(crate) fn cluster_masters(nodes: &str) -> Vec<String> {
         .collect();
     masters.sort();
     masters
+}
+
+/// A cluster node taken for one server would list only its own share of the locks, as if that
+/// were all of them: refused, with what to do instead.
+async fn refuse_a_cluster_node(commands: &dyn Commands) -> Result<(), StoreError> {
+    let mut info = redis::cmd("INFO");
+    info.arg("cluster");
+    let reply = commands.on_master("", &info).await?;
+    let clustered = text(reply).is_some_and(|info| info.contains("cluster_enabled:1"));
+    if clustered {
+        return Err(StoreError::from(crate::error::LockError::Config {
+            message: "this server is a Redis Cluster node: list a cluster's locks through \
+                      `LockClient::cluster_builder` (the command line's `--cluster`)"
+                .to_owned(),
+        }));
+    }
+    Ok(())
 }
 
 /// Redlock: the quorum's view of `key`, from every master's look. A holder counts when a
