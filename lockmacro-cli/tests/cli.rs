@@ -155,7 +155,7 @@ fn acquired(token: &str) -> (String, Option<String>) {
     ("acquired".to_owned(), Some(token[..4].to_owned()))
 }
 
-fn released() -> (String, Option<String>) {
+fn freed() -> (String, Option<String>) {
     ("released".to_owned(), None)
 }
 
@@ -277,7 +277,10 @@ async fn forced_release_wakes_the_waiter_and_the_holder_learns_it_lost() {
     let server = RedisServer::start();
     let url = one(server.url());
     let locks = built(LockClient::builder(&server.url())).await;
-    let held = locks.acquire("jobs:1", opts(30_000)).await.unwrap();
+    let held = locks
+        .acquire("jobs:1", opts(3_000).unlimited_renewals())
+        .await
+        .unwrap();
 
     assert_fails_with(&lockmacro(&url, &["release", "jobs:1"]), "--force");
 
@@ -384,18 +387,18 @@ async fn watch_ignores_waiters_and_reports_each_holder_in_turn() {
     waiter_subscribed(&server, "watched:1").await;
     watching.nothing_for(Duration::from_millis(600));
     first.release().await.unwrap();
-    assert_eq!(watching.next(), released());
+    assert_eq!(watching.next(), freed());
     let second = second.await.unwrap();
     assert_eq!(watching.next(), acquired(&second), "the next holder");
     seen_tx.send(()).unwrap();
     waiter.await.unwrap().unwrap();
-    assert_eq!(watching.next(), released());
+    assert_eq!(watching.next(), freed());
 
     let forced = locks.acquire("watched:1", opts(30_000)).await.unwrap();
     assert_eq!(watching.next(), acquired(forced.token()));
     let released_now = lockmacro(&url, &["release", "watched:1", "--force", "--yes"]);
     assert!(released_now.status.success(), "{}", stderr(&released_now));
-    assert_eq!(watching.next(), released());
+    assert_eq!(watching.next(), freed());
 }
 
 /// Regression: on a cluster node without `--cluster`, `list` said `no locks held` while a lock
@@ -446,7 +449,7 @@ async fn a_cluster_is_listed_across_every_master_and_a_node_alone_gets_a_hint() 
         &["--cluster", "release", "spread:5", "--force", "--yes"],
     );
     assert!(released.status.success(), "{}", stderr(&released));
-    assert_eq!(watching.next(), released());
+    assert_eq!(watching.next(), freed());
     let outcome = held.remove(5).run(std::future::pending::<()>()).await;
     assert!(
         matches!(outcome, Err(LockError::Lost { .. })),
