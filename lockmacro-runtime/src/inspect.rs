@@ -87,7 +87,7 @@ impl LockInfo {
                 time_left,
             })
             .collect();
-        holders.sort_by(|a, b| b.time_left.cmp(&a.time_left));
+        holders.sort_by_key(|holder| std::cmp::Reverse(holder.time_left));
         Self {
             key: snapshot.key,
             kind: snapshot.kind,

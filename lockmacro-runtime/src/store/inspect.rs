@@ -385,7 +385,7 @@ fn quorum_view(
             })
             .collect();
         if lefts.len() >= quorum {
-            lefts.sort_unstable_by(|a, b| b.cmp(a));
+            lefts.sort_unstable_by_key(|left| std::cmp::Reverse(*left));
             holders.push((token.to_owned(), lefts[quorum - 1]));
         }
     }
@@ -399,12 +399,20 @@ fn quorum_view(
         marked: found.iter().all(|snapshot| snapshot.marked),
         // Fencing is refused on Redlock: no counter is the quorum's.
         fencing: None,
-        waiters: found
-            .iter()
-            .map(|snapshot| snapshot.waiters)
-            .max()
-            .unwrap_or(0),
+        waiters: known_to_a_majority(found.iter().map(|snapshot| snapshot.waiters), quorum),
     }))
+}
+
+/// The most that a majority of the masters report: the quorum-th largest of the figures (the
+/// smallest when fewer report).
+fn known_to_a_majority(figures: impl Iterator<Item = usize>, quorum: usize) -> usize {
+    let mut figures: Vec<usize> = figures.collect();
+    figures.sort_unstable_by_key(|figure| std::cmp::Reverse(*figure));
+    figures
+        .get(quorum - 1)
+        .or(figures.last())
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Redlock: removes `key`'s holders on every master; `true` when any master had one.
