@@ -121,19 +121,31 @@ impl Data {
         self.locks.get_mut(key)
     }
 
-    /// What `key` holds now, as inspection reports it.
-    fn snapshot(&mut self, key: &str, now: Instant) -> Option<Snapshot> {
-        let (kind, holders) = match self.live(key, now)? {
-            Held::Exclusive { token, expires } => (
-                LockKind::Exclusive,
-                vec![(token.clone(), expires.saturating_duration_since(now))],
-            ),
+    /// What `key` holds now, as inspection reports it; `mark`: an exclusive holder's token to
+    /// mark as waited for, as inspect.lua does, so that its release is announced.
+    fn snapshot(&mut self, key: &str, mark: Option<&str>, now: Instant) -> Option<Snapshot> {
+        let (kind, holders, marked) = match self.live(key, now)? {
+            Held::Exclusive {
+                token,
+                expires,
+                waited,
+            } => {
+                if mark == Some(token.as_str()) {
+                    *waited = true;
+                }
+                (
+                    LockKind::Exclusive,
+                    vec![(token.clone(), expires.saturating_duration_since(now))],
+                    *waited,
+                )
+            }
             Held::Shared { kind, holders } => (
                 *kind,
                 holders
                     .iter()
                     .map(|(token, expires)| (token.clone(), expires.saturating_duration_since(now)))
                     .collect(),
+                false,
             ),
         };
         let queued = self.queues.get(key).map_or(0, |queue| {
@@ -144,7 +156,7 @@ impl Data {
             key: key.to_owned(),
             kind,
             holders,
-            marked: false,
+            marked,
             fencing: self.fences.get(key).copied(),
             waiters: listeners.max(queued),
         })
@@ -413,10 +425,9 @@ impl Store for MemoryStore {
     fn inspect<'a>(
         &'a self,
         key: &'a str,
-        _mark: Option<&'a str>,
+        mark: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
-        // Every release is announced here: no mark is needed for a watcher to hear it.
-        Box::pin(async move { Ok(self.data().snapshot(key, Instant::now())) })
+        Box::pin(async move { Ok(self.data().snapshot(key, mark, Instant::now())) })
     }
 
     fn scan<'a>(
@@ -449,7 +460,7 @@ impl Store for MemoryStore {
             });
             let locks = keys
                 .iter()
-                .filter_map(|key| data.snapshot(key, now))
+                .filter_map(|key| data.snapshot(key, None, now))
                 .collect();
             Ok(Page { locks, next })
         })

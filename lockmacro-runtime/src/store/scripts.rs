@@ -196,9 +196,9 @@ pub(crate) fn evalsha_inspect() -> redis::Cmd {
     evalsha(&INSPECT, 3, 6, 128)
 }
 
-/// The force-release script, to be followed by its key and 4 arguments (`store::inspect`).
+/// The force-release script, to be followed by its 2 keys and 3 arguments (`store::inspect`).
 pub(crate) fn evalsha_force_release() -> redis::Cmd {
-    evalsha(&FORCE_RELEASE, 1, 5, 128)
+    evalsha(&FORCE_RELEASE, 2, 5, 128)
 }
 
 /// `SCRIPT LOAD` of every script, ignoring the replies: sent once per new connection, so a

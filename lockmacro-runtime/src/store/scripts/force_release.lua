@@ -5,30 +5,31 @@
 -- as they are: the next in line still gets its turn, and a waiting writer still keeps new
 -- readers out.
 --
--- KEYS[1] = lock key. ARGV[1] = the release channel; ARGV[2] = 'sharded' for a cluster's
--- sharded channel (SPUBLISH), '' otherwise (PUBLISH); ARGV[3] = 'x' for an exclusive lock or
--- the shared lock's `kind` tag; ARGV[4] = the exclusive holder's token ('' for a shared lock).
+-- KEYS[1] = lock key; KEYS[2] = the release channel (a key, as in release.lua, so that a
+-- cluster refuses a channel outside the key's slot). ARGV[1] = 'sharded' for a cluster's
+-- sharded channel (SPUBLISH), '' otherwise (PUBLISH); ARGV[2] = 'x' for an exclusive lock or
+-- the shared lock's `kind` tag; ARGV[3] = the exclusive holder's token ('' for a shared lock).
 --
 -- Returns how many holders were removed (0: the key no longer held what the caller read).
-local key = KEYS[1]
-local publish = ARGV[2] == 'sharded' and 'SPUBLISH' or 'PUBLISH'
+local key, channel = KEYS[1], KEYS[2]
+local publish = ARGV[1] == 'sharded' and 'SPUBLISH' or 'PUBLISH'
 local ktype = redis.call('TYPE', key)['ok']
-if ARGV[3] == 'x' then
+if ARGV[2] == 'x' then
   if ktype ~= 'string' then return 0 end
   local value = redis.call('GET', key)
-  if value ~= ARGV[4] and value ~= ARGV[4] .. '+' then return 0 end
+  if value ~= ARGV[3] and value ~= ARGV[3] .. '+' then return 0 end
   redis.call('DEL', key)
-  redis.call(publish, ARGV[1], ARGV[4])
+  redis.call(publish, channel, ARGV[3])
   return 1
 end
-if ktype ~= 'hash' or redis.call('HGET', key, 'kind') ~= ARGV[3] then return 0 end
+if ktype ~= 'hash' or redis.call('HGET', key, 'kind') ~= ARGV[2] then return 0 end
 local fields = redis.call('HGETALL', key)
 redis.call('DEL', key)
 local removed = 0
 for i = 1, #fields, 2 do
   if fields[i] ~= 'kind' then
     removed = removed + 1
-    redis.call(publish, ARGV[1], fields[i])
+    redis.call(publish, channel, fields[i])
   end
 end
 return removed
