@@ -1,36 +1,39 @@
-//! `lockmacro`: look at and clear the locks lockmacro keeps in Redis.
+//! `lockmacro`: list, inspect, force-release and watch the locks lockmacro keeps in Redis.
 //!
-//! It speaks to the servers directly (one Redis, the master a Sentinel names, every master of a
-//! cluster, or each master of a Redlock quorum) and reads the layout the library's scripts
-//! write: an exclusive lock is a string holding its holder's token; a read lock or permits are a
-//! hash with a `kind` field and one field per holder (its token, holding its expiry in ms).
+//! A thin layer of arguments and printing over the runtime's inspection API
+//! ([`LockClient::list`], [`LockClient::inspect`], [`LockClient::force_release`],
+//! [`LockClient::watch`]): it reaches every deployment the runtime does (one Redis, Sentinel,
+//! a Cluster, a Redlock quorum) and reads locks through the runtime's one owner of their format.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use redis::aio::MultiplexedConnection;
-use redis::cluster_routing::Slot;
-use redis::{AsyncConnectionConfig, Value};
+use futures_util::StreamExt;
+use lockmacro_runtime::{LockClient, LockError, LockEvent, LockInfo, LockKind};
 use serde_json::json;
 
-/// Look at and clear lockmacro's Redis locks: what holds a lock, for how long, and clear it.
+/// Look at and clear lockmacro's Redis locks: who holds a lock, for how long, who waits; free it.
 #[derive(Parser)]
 #[command(name = "lockmacro", version)]
 struct Cli {
-    /// Where the locks live: `redis://[user:password@]host:port[/db]`, `rediss://` for TLS, or
-    /// `redis+sentinel://host:26379[,host:26379]/service` for the master a Sentinel names.
-    /// Repeat `--url` once per master for a Redlock quorum.
+    /// Where the locks live: `redis://[user:password@]host:port[/db]`, `rediss://` for TLS
+    /// (`#insecure` at the end skips certificate checks, for tests), or
+    /// `redis+sentinel://host:26379[,host:26379]/service[/db]` (`rediss+sentinel://` for TLS)
+    /// for the master the sentinels name. With `--cluster`, seed nodes of a Redis Cluster.
+    /// Repeat `--url` once per master for a Redlock quorum (an odd number, at least 3).
     #[arg(
         long,
         env = "REDIS_URL",
         global = true,
-        default_value = "redis://127.0.0.1:6379"
+        default_value = "redis://127.0.0.1:6379",
+        value_delimiter = ' '
     )]
     url: Vec<String>,
 
-    /// The URL is a node of a Redis Cluster: look at every master.
+    /// The URLs are nodes of a Redis Cluster: look at every master.
     #[arg(long, global = true)]
     cluster: bool,
 
@@ -38,31 +41,41 @@ struct Cli {
     #[arg(long, global = true, default_value = "lockmacro")]
     namespace: String,
 
+    /// A root certificate (PEM) to trust for `rediss://` instead of the system's roots.
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_root: Option<PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// List held locks with their kind, time left and number of holders.
+    /// List held locks: key, kind, time left, holders and waiters.
     ///
-    /// Uses SCAN in bounded steps, so it never blocks Redis, even over millions of keys. The
-    /// library's internal keys are not shown.
+    /// Scans in bounded steps (SCAN … COUNT 1000), printing as it goes, so it never blocks
+    /// Redis and never holds every key in memory, even over millions of keys. The library's
+    /// internal keys, and keys that are not locks of this library, are not shown.
     List {
         /// Only locks whose key starts with `PREFIX:` (the attribute's `prefix`).
         #[arg(long)]
         prefix: Option<String>,
-        /// Print a JSON array of objects (`key`, `kind`, `ttl_ms`, `holders`).
+        /// Print a JSON array of objects (`key`, `kind`, `ttl_ms`, `holders`, `waiters`,
+        /// `fencing_token`).
         #[arg(long)]
         json: bool,
     },
     /// Show one lock: its kind, its holders (tokens masked), time left, fencing counter and
-    /// how many waiters are subscribed to its release.
+    /// waiters. Exits 1 when nobody holds it.
     Inspect {
         /// The lock's full key, e.g. `Business1:1024`.
         key: String,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
-    /// Delete a lock now and announce its release, so waiters take it at once.
+    /// Remove every holder of a lock now and announce it, so waiters take it at once. Exits 1
+    /// when nobody held it.
     ///
     /// The holder is not stopped at once: it gets `Lost` at its next renewal (within a third of
     /// its ttl), so its work may still run for that long.
@@ -76,643 +89,287 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
-    /// Print a line each time the lock changes (acquired, renewed, released, expired), until
-    /// interrupted.
+    /// Print a line each time the lock is acquired or becomes free (released, expired or
+    /// forced), until interrupted.
     Watch {
         /// The lock's full key.
         key: String,
-        /// How often to look, in milliseconds.
-        #[arg(long, default_value_t = 100)]
-        interval_ms: u64,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
     },
 }
-
-/// One server that may hold locks.
-struct Node {
-    connection: MultiplexedConnection,
-    /// Its address, without credentials.
-    shown: String,
-    clustered: bool,
-}
-
-/// What a key holds, as the library writes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Lock {
-    Free,
-    Exclusive {
-        token: String,
-        ttl_ms: i64,
-    },
-    Shared {
-        kind: String,
-        holders: Vec<(String, i64)>,
-        ttl_ms: i64,
-    },
-}
-
-type Failure = String;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // `rediss://`: rustls with ring (an error only means a provider is installed already).
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
-        Err(error) => return fail(format!("cannot start: {error}")),
+        Err(error) => return fail(&format!("cannot start: {error}")),
     };
+    let cluster = cli.cluster;
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => fail(message),
+        Ok(Done::Success) => ExitCode::SUCCESS,
+        Ok(Done::Failure(message)) => fail(&message),
+        Err(error) => fail(&explain(&error, cluster)),
     }
 }
 
-fn fail(message: String) -> ExitCode {
-    eprintln!("lockmacro: {message}");
+/// How a command ended, when nothing failed.
+enum Done {
+    Success,
+    /// Exit 1 with this message: a free key inspected or released.
+    Failure(String),
+}
+
+fn fail(message: &str) -> ExitCode {
+    // One line, whatever the error's sources say.
+    let line: Vec<&str> = message.split_whitespace().collect();
+    eprintln!("lockmacro: {}", line.join(" "));
     ExitCode::FAILURE
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
-    let nodes = connect(&cli).await?;
-    let names = Names {
-        namespace: &cli.namespace,
-    };
+/// The error, with a hint when a cluster node was used as one server.
+fn explain(error: &LockError, cluster: bool) -> String {
+    let text = error.to_string();
+    let lower = text.to_lowercase();
+    let cluster_node = ["moved", "crossslot", "cross-slot", "redis cluster node"]
+        .iter()
+        .any(|sign| lower.contains(sign));
+    if cluster_node && !cluster {
+        format!("this is a cluster node; use --cluster ({text})")
+    } else {
+        text
+    }
+}
+
+async fn run(cli: Cli) -> Result<Done, LockError> {
+    let locks = connect(&cli).await?;
     match cli.command {
-        Command::List { prefix, json } => list(&nodes, &names, prefix.as_deref(), json).await,
-        Command::Inspect { key } => inspect(&nodes, &names, &key).await,
-        Command::Release { key, force, yes } => release(&nodes, &names, &key, force, yes).await,
-        Command::Watch { key, interval_ms } => {
-            watch(&nodes, &key, Duration::from_millis(interval_ms.max(10))).await
-        }
+        Command::List { prefix, json } => list(&locks, prefix.as_deref().unwrap_or(""), json).await,
+        Command::Inspect { key, json } => inspect(&locks, &key, json).await,
+        Command::Release { key, force, yes } => release(&locks, &key, force, yes).await,
+        Command::Watch { key, json } => watch(&locks, &key, json).await,
     }
 }
 
-// ---- Connecting ----
-
-async fn connect(cli: &Cli) -> Result<Vec<Node>, Failure> {
-    let mut nodes = Vec::new();
-    for url in &cli.url {
-        let url = url.trim();
-        let client = if url.contains("+sentinel://") {
-            master_of_sentinels(url).await?
-        } else {
-            open(url)?
-        };
-        let node = node(&client, cli.cluster).await?;
-        if cli.cluster {
-            nodes.extend(cluster_masters(&client, &node).await?);
-        } else {
-            nodes.push(node);
-        }
+/// A client for the deployment the arguments name.
+async fn connect(cli: &Cli) -> Result<LockClient, LockError> {
+    let urls: Vec<&str> = cli
+        .url
+        .iter()
+        .map(|url| url.trim())
+        .filter(|url| !url.is_empty())
+        .collect();
+    let builder = if cli.cluster {
+        LockClient::cluster_builder(&urls)
+    } else if urls.len() > 1 {
+        LockClient::redlock_builder(&urls)
+    } else {
+        LockClient::builder(urls.first().copied().unwrap_or_default())
+    };
+    let mut builder = builder
+        .namespace(cli.namespace.as_str())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(5));
+    if let Some(path) = &cli.tls_root {
+        let pem = std::fs::read(path).map_err(|error| LockError::Config {
+            message: format!("cannot read the TLS root `{}`: {error}", path.display()),
+        })?;
+        builder = builder.tls_root_certificate(pem);
     }
-    Ok(nodes)
+    builder.build().await
 }
 
-fn open(url: &str) -> Result<redis::Client, Failure> {
-    redis::Client::open(url).map_err(|error| format!("invalid URL `{}`: {error}", redact(url)))
+fn kind_name(kind: LockKind) -> String {
+    match kind {
+        LockKind::Read => "read".to_owned(),
+        LockKind::Permits(permits) => format!("permits:{permits}"),
+        _ => "exclusive".to_owned(),
+    }
 }
 
-async fn node(client: &redis::Client, clustered: bool) -> Result<Node, Failure> {
-    let shown = client.get_connection_info().addr().to_string();
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_response_timeout(Some(Duration::from_secs(5)));
-    let connection = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(|error| format!("cannot reach Redis at {shown}: {error}"))?;
-    Ok(Node {
-        connection,
-        shown,
-        clustered,
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn seconds(duration: Duration) -> String {
+    format!("{:.3} s", duration.as_secs_f64())
+}
+
+fn as_json(lock: &LockInfo) -> serde_json::Value {
+    let holders: Vec<serde_json::Value> = lock
+        .holders()
+        .iter()
+        .map(|holder| json!({"token_hint": holder.token_hint(), "ttl_ms": millis(holder.time_left())}))
+        .collect();
+    json!({
+        "key": lock.key(),
+        "kind": kind_name(lock.kind()),
+        "ttl_ms": millis(lock.time_left()),
+        "holders": holders,
+        "waiters": lock.waiters(),
+        "fencing_token": lock.fencing_token(),
     })
 }
 
-/// The masters of the cluster `seed` belongs to, from `CLUSTER NODES`, with the seed's
-/// scheme and credentials.
-async fn cluster_masters(client: &redis::Client, seed: &Node) -> Result<Vec<Node>, Failure> {
-    let listing: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query_async(&mut seed.connection.clone())
-        .await
-        .map_err(|error| format!("{} is not a cluster node: {error}", seed.shown))?;
-    let info = client.get_connection_info();
-    let mut masters = Vec::new();
-    for line in listing.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() < 3 || !fields[2].contains("master") || fields[2].contains("fail") {
-            continue;
-        }
-        let address = fields[1].split(['@', ',']).next().unwrap_or_default();
-        let Some((host, port)) = address.rsplit_once(':') else {
-            continue;
-        };
-        let Ok(port) = port.parse() else { continue };
-        let addr = match info.addr() {
-            redis::ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => redis::ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
-        };
-        let master = redis::Client::open(info.clone().set_addr(addr))
-            .map_err(|error| format!("cluster node {address}: {error}"))?;
-        masters.push(node(&master, true).await?);
-    }
-    Ok(masters)
+fn written(result: std::io::Result<()>) -> Result<(), LockError> {
+    result.map_err(|error| LockError::Config {
+        message: format!("cannot write the output: {error}"),
+    })
 }
 
-/// The master the sentinels of `url` name (`redis+sentinel://[auth@]h1:p1,h2:p2/service[/db]`).
-async fn master_of_sentinels(url: &str) -> Result<redis::Client, Failure> {
-    let bad = |why: &str| format!("invalid URL `{}`: {why}", redact(url));
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
-    let tls = scheme.starts_with("rediss") || scheme.starts_with("valkeys");
-    let (auth, rest) = match rest.rsplit_once('@') {
-        Some((auth, rest)) => (format!("{auth}@"), rest),
-        None => (String::new(), rest),
-    };
-    let mut parts = rest.split('/');
-    let hosts = parts.next().unwrap_or_default();
-    let service = parts
-        .next()
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| bad("no service name"))?;
-    let db = parts.next().map(|db| format!("/{db}")).unwrap_or_default();
-    let mut last = bad("no sentinel given");
-    for sentinel in hosts.split(',').filter(|h| !h.is_empty()) {
-        let client = open(&format!("redis://{sentinel}"))?;
-        let mut connection = match node(&client, false).await {
-            Ok(node) => node.connection,
-            Err(error) => {
-                last = error;
-                continue;
-            }
-        };
-        let named: Result<Option<(String, u16)>, _> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(service)
-            .query_async(&mut connection)
-            .await;
-        match named {
-            Ok(Some((host, port))) => {
-                let scheme = if tls { "rediss" } else { "redis" };
-                return open(&format!("{scheme}://{auth}{host}:{port}{db}"));
-            }
-            Ok(None) => last = format!("sentinel {sentinel} knows no service `{service}`"),
-            Err(error) => last = format!("sentinel {sentinel}: {error}"),
-        }
-    }
-    Err(last)
-}
-
-/// `url` with any password replaced.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(start), Some(at)) if at > start => {
-            let auth = &url[start + 3..at];
-            match auth.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..start + 3], &url[at..]),
-                None => format!("{}***{}", &url[..start + 3], &url[at..]),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-// ---- Names of the library's internal keys ----
-
-struct Names<'a> {
-    namespace: &'a str,
-}
-
-impl Names<'_> {
-    fn internal(&self, key: &str) -> bool {
-        key.starts_with(&format!("{}:", self.namespace))
-    }
-
-    fn fencing_counter(&self, key: &str, node: &Node) -> String {
-        in_slot_of(key, &format!("{}:fence:", self.namespace), node.clustered)
-    }
-
-    fn release_channel(&self, key: &str, node: &Node) -> String {
-        in_slot_of(
-            key,
-            &format!("{}:released:", self.namespace),
-            node.clustered,
-        )
-    }
-}
-
-/// As the library names a key's companions: on a cluster, in the key's slot (its hash tag, or
-/// the whole key as one).
-fn in_slot_of(key: &str, prefix: &str, clustered: bool) -> String {
-    let plain = format!("{prefix}{key}");
-    if !clustered || Slot::for_key(&plain) == Slot::for_key(key) {
-        plain
-    } else {
-        format!("{prefix}{{{key}}}")
-    }
-}
-
-// ---- Reading a lock ----
-
-/// What `key` holds on `node`; `Err` when it is not a lock.
-async fn read_lock(node: &Node, key: &str) -> Result<Lock, Failure> {
-    let mut connection = node.connection.clone();
-    let (kind, ttl_ms, now): (String, i64, (u64, u64)) = redis::pipe()
-        .cmd("TYPE")
-        .arg(key)
-        .cmd("PTTL")
-        .arg(key)
-        .cmd("TIME")
-        .query_async(&mut connection)
-        .await
-        .map_err(|error| format!("Redis at {}: {error}", node.shown))?;
-    match kind.as_str() {
-        "none" => Ok(Lock::Free),
-        "string" => {
-            let token: Option<String> = redis::cmd("GET")
-                .arg(key)
-                .query_async(&mut connection)
-                .await
-                .map_err(|error| format!("Redis at {}: {error}", node.shown))?;
-            Ok(token.map_or(Lock::Free, |token| Lock::Exclusive { token, ttl_ms }))
-        }
-        "hash" => {
-            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(key)
-                .query_async(&mut connection)
-                .await
-                .map_err(|error| format!("Redis at {}: {error}", node.shown))?;
-            let now_ms = (now.0 * 1000 + now.1 / 1000) as i64;
-            let mut kind = None;
-            let mut holders = Vec::new();
-            for (field, value) in fields {
-                if field == "kind" {
-                    kind = Some(value);
-                } else if let Ok(expiry) = value.parse::<i64>()
-                    && expiry > now_ms
-                {
-                    holders.push((field, expiry - now_ms));
-                }
-            }
-            let kind = kind.ok_or_else(|| not_a_lock(key, "a hash without the `kind` field"))?;
-            holders.sort();
-            Ok(Lock::Shared {
-                kind,
-                holders,
-                ttl_ms,
-            })
-        }
-        other => Err(not_a_lock(key, &format!("a {other}"))),
-    }
-}
-
-fn not_a_lock(key: &str, what: &str) -> Failure {
-    format!("`{key}` is not a lock (it holds {what})")
-}
-
-/// The node that holds `key` (on a cluster, the master of its slot), and what it holds.
-async fn find<'n>(nodes: &'n [Node], key: &str) -> Result<Option<(&'n Node, Lock)>, Failure> {
-    let mut first_error = None;
-    for node in nodes {
-        match read_lock(node, key).await {
-            Ok(Lock::Free) => {}
-            Ok(lock) => return Ok(Some((node, lock))),
-            // A cluster master that does not serve the key's slot says MOVED.
-            Err(error) if node.clustered && error.to_lowercase().contains("moved") => {}
-            Err(error) => {
-                first_error.get_or_insert(error);
-            }
-        }
-    }
-    match first_error {
-        Some(error) => Err(error),
-        None => Ok(None),
-    }
-}
-
-/// The first 4 characters of a token: enough to tell holders apart, not enough to forge one.
-fn mask(token: &str) -> String {
-    let shown: String = token.chars().take(4).collect();
-    format!("{shown}…")
-}
-
-// ---- Commands ----
-
-/// SCAN's glob characters in `text`, escaped.
-fn escape_glob(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
-
-async fn list(
-    nodes: &[Node],
-    names: &Names<'_>,
-    prefix: Option<&str>,
-    json: bool,
-) -> Result<(), Failure> {
-    let pattern = prefix.map_or_else(|| "*".to_owned(), |p| format!("{}:*", escape_glob(p)));
-    let mut rows = Vec::new();
-    for node in nodes {
-        let mut connection = node.connection.clone();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut connection)
-                .await
-                .map_err(|error| format!("Redis at {}: {error}", node.shown))?;
-            let keys: Vec<String> = keys
-                .into_iter()
-                .filter(|key| !names.internal(key))
-                .collect();
-            if !keys.is_empty() {
-                let mut look = redis::pipe();
-                for key in &keys {
-                    look.cmd("TYPE")
-                        .arg(key)
-                        .cmd("PTTL")
-                        .arg(key)
-                        .cmd("HLEN")
-                        .arg(key);
-                }
-                // HLEN on a string is an error reply: read the replies as values.
-                let replies: Vec<Value> =
-                    look.ignore_errors()
-                        .query_async(&mut connection)
-                        .await
-                        .map_err(|error| format!("Redis at {}: {error}", node.shown))?;
-                for (key, reply) in keys.into_iter().zip(replies.chunks(3)) {
-                    let kind = match &reply[0] {
-                        Value::SimpleString(kind) => kind.as_str(),
-                        _ => continue,
-                    };
-                    let ttl_ms = match reply[1] {
-                        Value::Int(ttl) => ttl,
-                        _ => continue,
-                    };
-                    let (kind, holders) = match kind {
-                        "string" => ("exclusive", 1),
-                        "hash" => match reply[2] {
-                            Value::Int(fields) if fields > 1 => ("shared", fields - 1),
-                            _ => continue,
-                        },
-                        _ => continue, // not a lock
-                    };
-                    rows.push((key, kind, ttl_ms, holders));
-                }
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
-        }
-    }
-    rows.sort();
+/// Prints the locks as they are scanned: one page at a time is in memory.
+async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, LockError> {
     let mut out = std::io::stdout().lock();
-    let written = if json {
-        let items: Vec<_> = rows
-            .iter()
-            .map(|(key, kind, ttl_ms, holders)| json!({"key": key, "kind": kind, "ttl_ms": ttl_ms, "holders": holders}))
-            .collect();
-        writeln!(out, "{}", serde_json::Value::Array(items))
-    } else if rows.is_empty() {
-        writeln!(out, "no locks held")
-    } else {
-        let width = rows.iter().map(|row| row.0.len()).max().unwrap_or(3).max(3);
-        let mut written = writeln!(
-            out,
-            "{:width$}  {:9}  {:>10}  HOLDERS",
-            "KEY", "KIND", "TTL"
-        );
-        for (key, kind, ttl_ms, holders) in &rows {
-            written = written.and(writeln!(
+    let mut listed = locks.list(prefix);
+    let mut count = 0usize;
+    if json {
+        written(write!(out, "["))?;
+    }
+    while let Some(lock) = listed.next().await {
+        let lock = lock?;
+        if json {
+            let separator = if count == 0 { "" } else { "," };
+            written(write!(out, "{separator}{}", as_json(&lock)))?;
+        } else {
+            if count == 0 {
+                written(writeln!(
+                    out,
+                    "{:40}  {:12}  {:>12}  {:>7}  {:>7}",
+                    "KEY", "KIND", "TIME LEFT", "HOLDERS", "WAITERS"
+                ))?;
+            }
+            written(writeln!(
                 out,
-                "{key:width$}  {kind:9}  {:>10}  {holders}",
-                ttl(*ttl_ms)
+                "{:40}  {:12}  {:>12}  {:>7}  {:>7}",
+                lock.key(),
+                kind_name(lock.kind()),
+                seconds(lock.time_left()),
+                lock.holders().len(),
+                lock.waiters()
+            ))?;
+        }
+        count += 1;
+    }
+    if json {
+        written(writeln!(out, "]"))?;
+    } else if count == 0 {
+        written(writeln!(out, "no locks held"))?;
+    }
+    Ok(Done::Success)
+}
+
+async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockError> {
+    let Some(lock) = locks.inspect(key).await? else {
+        return Ok(Done::Failure(format!("`{key}` is not held")));
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        written(writeln!(out, "{}", as_json(&lock)))?;
+        return Ok(Done::Success);
+    }
+    let mut lines = vec![
+        format!("key:        {}", lock.key()),
+        format!("kind:       {}", kind_name(lock.kind())),
+        format!("time left:  {}", seconds(lock.time_left())),
+    ];
+    if lock.kind() == LockKind::Exclusive
+        && let Some(holder) = lock.holders().first()
+    {
+        lines.push(format!("holder:     {}…", holder.token_hint()));
+    } else {
+        lines.push(format!("holders:    {}", lock.holders().len()));
+        for holder in lock.holders() {
+            lines.push(format!(
+                "  {}…  {} left",
+                holder.token_hint(),
+                seconds(holder.time_left())
             ));
         }
-        written
-    };
-    written.map_err(|error| format!("cannot write: {error}"))
-}
-
-fn ttl(ms: i64) -> String {
-    if ms < 0 {
-        "no expiry".to_owned()
-    } else {
-        format!("{:.3} s", ms as f64 / 1000.0)
     }
-}
-
-async fn inspect(nodes: &[Node], names: &Names<'_>, key: &str) -> Result<(), Failure> {
-    let Some((node, lock)) = find(nodes, key).await? else {
-        println!("{key}: not held");
-        return Ok(());
-    };
-    let mut connection = node.connection.clone();
-    let subscribers = if node.clustered {
-        "SHARDNUMSUB"
-    } else {
-        "NUMSUB"
-    };
-    let (fence, waiters): (Option<u64>, (String, u64)) = redis::pipe()
-        .cmd("GET")
-        .arg(names.fencing_counter(key, node))
-        .cmd("PUBSUB")
-        .arg(subscribers)
-        .arg(names.release_channel(key, node))
-        .query_async(&mut connection)
-        .await
-        .map_err(|error| format!("Redis at {}: {error}", node.shown))?;
-    println!("key:        {key}");
-    println!("server:     {}", node.shown);
-    match &lock {
-        Lock::Exclusive { token, ttl_ms } => {
-            println!("kind:       exclusive");
-            println!("holder:     {}", mask(token));
-            println!("time left:  {}", ttl(*ttl_ms));
-        }
-        Lock::Shared {
-            kind,
-            holders,
-            ttl_ms,
-        } => {
-            println!("kind:       {kind}");
-            println!("time left:  {}", ttl(*ttl_ms));
-            println!("holders:    {}", holders.len());
-            for (token, left) in holders {
-                println!("  {}  {} left", mask(token), ttl(*left));
-            }
-        }
-        Lock::Free => {}
-    }
-    println!(
+    lines.push(format!(
         "fencing:    {}",
-        fence.map_or("none".to_owned(), |fence| fence.to_string())
-    );
-    println!(
-        "waiters:    {} client(s) subscribed to its release",
-        waiters.1
-    );
-    Ok(())
-}
-
-/// Deletes a lock of any kind and announces the release as the library's release script does.
-const FORCE_RELEASE: &str = r"
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then return 0 end
-if kind ~= 'string' and not (kind == 'hash' and redis.call('HEXISTS', KEYS[1], 'kind') == 1) then
-  return -1
-end
-redis.call('DEL', KEYS[1])
-redis.call(ARGV[3], ARGV[2], ARGV[1])
-return 1
-";
-
-async fn release(
-    nodes: &[Node],
-    names: &Names<'_>,
-    key: &str,
-    force: bool,
-    yes: bool,
-) -> Result<(), Failure> {
-    if !force {
-        return Err(format!(
-            "refusing to release `{key}` without --force: its holder may still be working (it learns it lost the lock only at its next renewal)"
-        ));
-    }
-    let Some((owner, lock)) = find(nodes, key).await? else {
-        println!("{key}: not held; nothing released");
-        return Ok(());
-    };
-    if !yes && std::io::stdin().is_terminal() {
-        let holder = match &lock {
-            Lock::Exclusive { token, .. } => format!("held by {}", mask(token)),
-            Lock::Shared { holders, kind, .. } => format!("{kind}, {} holder(s)", holders.len()),
-            Lock::Free => String::new(),
-        };
-        eprint!("Release `{key}` ({holder})? [y/N] ");
-        let mut answer = String::new();
-        std::io::stdin()
-            .lock()
-            .read_line(&mut answer)
-            .map_err(|error| format!("cannot read the answer: {error}"))?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            return Err("not released".to_owned());
-        }
-    }
-    let stamp = format!("forced:{}", std::process::id());
-    // On a cluster only the master of the key's slot holds it; a Redlock lock is on each master.
-    let targets: Vec<&Node> = if owner.clustered {
-        vec![owner]
-    } else {
-        nodes.iter().collect()
-    };
-    let mut released = false;
-    for node in targets {
-        let announce = if node.clustered {
-            "SPUBLISH"
-        } else {
-            "PUBLISH"
-        };
-        let outcome: Result<i64, _> = redis::Script::new(FORCE_RELEASE)
-            .key(key)
-            .arg(&stamp)
-            .arg(names.release_channel(key, node))
-            .arg(announce)
-            .invoke_async(&mut node.connection.clone())
-            .await;
-        match outcome {
-            Ok(1) => released = true,
-            Ok(-1) => return Err(not_a_lock(key, "something else")),
-            Ok(_) => {}
-            Err(error) => return Err(format!("Redis at {}: {error}", node.shown)),
-        }
-    }
-    if released {
-        println!("{key}: released; its holder gets `Lost` at its next renewal");
-    } else {
-        println!("{key}: not held; nothing released");
-    }
-    Ok(())
-}
-
-async fn watch(nodes: &[Node], key: &str, interval: Duration) -> Result<(), Failure> {
-    let started = Instant::now();
-    let mut last = Lock::Free;
-    let mut ticker = tokio::time::interval(interval);
-    let say = |what: String| {
-        let at = started.elapsed().as_secs_f64();
-        println!("{at:9.3}s  {key}  {what}");
-        let _ = std::io::stdout().flush();
-    };
-    say(format!(
-        "watching every {} ms (Ctrl-C to stop)",
-        interval.as_millis()
+        lock.fencing_token()
+            .map_or("none".to_owned(), |fence| fence.to_string())
     ));
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-            _ = ticker.tick() => {}
+    lines.push(format!("waiters:    {}", lock.waiters()));
+    for line in lines {
+        written(writeln!(out, "{line}"))?;
+    }
+    Ok(Done::Success)
+}
+
+async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Result<Done, LockError> {
+    if !force {
+        return Ok(Done::Failure(format!(
+            "refusing to release `{key}` without --force: its holder may still be working (it learns it lost the lock only at its next renewal)"
+        )));
+    }
+    if !yes && std::io::stdin().is_terminal() {
+        let Some(lock) = locks.inspect(key).await? else {
+            return Ok(Done::Failure(format!(
+                "`{key}` is not held; nothing released"
+            )));
+        };
+        let hints: Vec<String> = lock
+            .holders()
+            .iter()
+            .map(|holder| format!("{}…", holder.token_hint()))
+            .collect();
+        eprint!(
+            "Release `{key}` ({}, held by {})? [y/N] ",
+            kind_name(lock.kind()),
+            hints.join(", ")
+        );
+        let mut answer = String::new();
+        if std::io::stdin().lock().read_line(&mut answer).is_err()
+            || !matches!(answer.trim(), "y" | "Y" | "yes")
+        {
+            return Ok(Done::Failure("not released".to_owned()));
         }
-        let now = find(nodes, key).await?.map_or(Lock::Free, |(_, lock)| lock);
-        for line in changes(&last, &now, interval) {
-            say(line);
-        }
-        last = now;
+    }
+    if locks.force_release(key).await? {
+        println!("{key}: released; its holder gets `Lost` at its next renewal");
+        Ok(Done::Success)
+    } else {
+        Ok(Done::Failure(format!(
+            "`{key}` is not held; nothing released"
+        )))
     }
 }
 
-/// The changes from `before` to `after`, one line each.
-fn changes(before: &Lock, after: &Lock, interval: Duration) -> Vec<String> {
-    let holders = |lock: &Lock| -> Vec<(String, i64)> {
-        match lock {
-            Lock::Free => Vec::new(),
-            Lock::Exclusive { token, ttl_ms } => vec![(token.clone(), *ttl_ms)],
-            Lock::Shared { holders, .. } => holders.clone(),
-        }
-    };
-    let (before, after) = (holders(before), holders(after));
-    let mut lines = Vec::new();
-    for (token, left) in &before {
-        if !after.iter().any(|(other, _)| other == token) {
-            // A lease that had about a tick left ran out; anything else was given back.
-            let how = if *left <= 2 * interval.as_millis() as i64 {
-                "expired"
-            } else {
-                "released"
-            };
-            lines.push(format!("{how} by {}", mask(token)));
-        }
-    }
-    for (token, left) in &after {
-        match before.iter().find(|(other, _)| other == token) {
-            None => lines.push(format!("acquired by {} ({} left)", mask(token), ttl(*left))),
-            Some((_, earlier)) if *left > *earlier + 20 => {
-                lines.push(format!("renewed by {} ({} left)", mask(token), ttl(*left)));
+async fn watch(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockError> {
+    let started = Instant::now();
+    eprintln!("watching `{key}` (Ctrl-C to stop)");
+    let mut events = locks.watch(key);
+    loop {
+        let event = tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(Done::Success),
+            event = events.next() => event,
+        };
+        let Some(event) = event else {
+            return Ok(Done::Success);
+        };
+        let at_ms = millis(started.elapsed());
+        let at = at_ms as f64 / 1000.0;
+        let line = match event? {
+            LockEvent::Acquired { token_hint } if json => {
+                json!({"event": "acquired", "key": key, "token_hint": token_hint, "at_ms": at_ms})
+                    .to_string()
             }
-            Some(_) => {}
-        }
+            LockEvent::Acquired { token_hint } => {
+                format!("{at:9.3}s  {key}  acquired by {token_hint}…")
+            }
+            LockEvent::Released if json => {
+                json!({"event": "released", "key": key, "at_ms": at_ms}).to_string()
+            }
+            LockEvent::Released => format!("{at:9.3}s  {key}  released"),
+            _ => continue,
+        };
+        let mut out = std::io::stdout().lock();
+        written(writeln!(out, "{line}").and_then(|()| out.flush()))?;
     }
-    lines
 }

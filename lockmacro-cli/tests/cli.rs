@@ -1,21 +1,30 @@
-//! The built `lockmacro` binary against real redis-server processes, with locks taken by the
-//! library.
+//! The built `lockmacro` binary against real redis-server processes of every deployment (one
+//! Redis, Sentinel, Cluster, Redlock, TLS with a private root), with locks taken by the library.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
-use testkit::{RedisCluster, RedisServer};
+use testkit::{RedisCluster, RedisSentinel, RedisServer};
 
-fn lockmacro(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lockmacro"))
+fn lockmacro(urls: &[String], args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lockmacro"));
+    for url in urls {
+        command.arg("--url").arg(url);
+    }
+    command
         .args(args)
-        .env("REDIS_URL", url)
+        .env_remove("REDIS_URL")
         .stdin(Stdio::null())
         .output()
         .expect("run lockmacro")
+}
+
+fn one(url: impl Into<String>) -> Vec<String> {
+    vec![url.into()]
 }
 
 fn stdout(output: &Output) -> String {
@@ -26,17 +35,49 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-async fn client(server: &RedisServer) -> LockClient {
-    LockClient::builder(&server.url())
+/// Exit 1 with one line on stderr that contains `what`.
+fn assert_fails_with(output: &Output, what: &str) {
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(output));
+    assert!(stderr(output).contains(what), "{}", stderr(output));
+    assert_eq!(
+        stderr(output).trim().lines().count(),
+        1,
+        "{}",
+        stderr(output)
+    );
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    assert!(output.status.success(), "{}", stderr(output));
+    serde_json::from_str(&stdout(output)).unwrap_or_else(|e| panic!("{e}: {}", stdout(output)))
+}
+
+fn listed_keys(output: &Output) -> Vec<String> {
+    let mut keys: Vec<String> = json(output)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["key"].as_str().unwrap().to_owned())
+        .collect();
+    keys.sort();
+    keys
+}
+
+async fn built(builder: lockmacro_runtime::LockClientBuilder) -> LockClient {
+    builder
         .scan_interval(Duration::from_millis(100))
         .build()
         .await
         .unwrap()
 }
 
-/// Waits until a client subscribes to `key`'s release announcements (a waiter found it busy).
+fn opts(ttl_ms: u64) -> LockOptions {
+    LockOptions::new().ttl(Duration::from_millis(ttl_ms))
+}
+
+/// Waits until a client subscribes to `key`'s release announcements on `server`.
 async fn waiter_subscribed(server: &RedisServer, key: &str) {
-    let channel = format!("lockmacro:released:{key}");
+    let channel = lockmacro_runtime::protocol::Names::default().release_channel(key);
     for _ in 0..1000 {
         if let redis::Value::Array(reply) = server.command(&["PUBSUB", "NUMSUB", &channel])
             && reply.get(1) == Some(&redis::Value::Int(1))
@@ -48,14 +89,83 @@ async fn waiter_subscribed(server: &RedisServer, key: &str) {
     panic!("nobody subscribed to {channel}");
 }
 
-fn opts(ttl_ms: u64) -> LockOptions {
-    LockOptions::new().ttl(Duration::from_millis(ttl_ms))
+/// A running `lockmacro watch --json`, its lines on a channel.
+struct Watching {
+    child: Child,
+    lines: mpsc::Receiver<serde_json::Value>,
 }
 
+impl Watching {
+    fn start(urls: &[String], options: &[&str], key: &str) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lockmacro"));
+        for url in urls {
+            command.arg("--url").arg(url);
+        }
+        let mut child = command
+            .args(options)
+            .args(["watch", key, "--json"])
+            .env_remove("REDIS_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (lines_tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = lines_tx.send(serde_json::from_str(&line).expect("a JSON line"));
+            }
+        });
+        // The banner on stderr says the watch has begun.
+        let mut banner = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut banner)
+            .unwrap();
+        assert!(banner.contains("watching"), "{banner}");
+        Self { child, lines }
+    }
+
+    /// The next event: `acquired` with its hint, or `released`.
+    fn next(&self) -> (String, Option<String>) {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an event within 10 s");
+        (
+            line["event"].as_str().unwrap().to_owned(),
+            line["token_hint"].as_str().map(str::to_owned),
+        )
+    }
+
+    fn nothing_for(&self, quiet: Duration) {
+        if let Ok(line) = self.lines.recv_timeout(quiet) {
+            panic!("unexpected event {line}");
+        }
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn acquired(token: &str) -> (String, Option<String>) {
+    ("acquired".to_owned(), Some(token[..4].to_owned()))
+}
+
+fn freed() -> (String, Option<String>) {
+    ("released".to_owned(), None)
+}
+
+/// Regression: any string key was shown as an exclusive lock (a plain `hello`, the library's
+/// own fencing counter); `*` in a prefix was a glob.
 #[tokio::test]
-async fn list_shows_held_locks_but_not_internal_keys_and_escapes_glob_characters() {
+async fn list_shows_locks_only_never_plain_keys_or_internal_names() {
     let server = RedisServer::start();
-    let locks = client(&server).await;
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
     let _a = locks
         .acquire("orders:1", opts(30_000).fencing(true))
         .await
@@ -66,39 +176,36 @@ async fn list_shows_held_locks_but_not_internal_keys_and_escapes_glob_characters
         .unwrap();
     let _c = locks.acquire("ord*rs:3", opts(30_000)).await.unwrap();
     let _d = locks.acquire("ordXrs:4", opts(30_000)).await.unwrap();
+    server.command(&["SET", "orders:plain", "hello", "PX", "60000"]);
+    server.command(&["HSET", "orders:hash", "field", "1"]);
 
-    let listed = lockmacro(&server.url(), &["list", "--json"]);
-    assert!(listed.status.success(), "{}", stderr(&listed));
-    let rows: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
-    let keys: Vec<&str> = rows
+    let keys = listed_keys(&lockmacro(&url, &["list", "--json"]));
+    assert_eq!(keys, ["ord*rs:3", "ordXrs:4", "orders:1", "orders:2"]);
+    for row in json(&lockmacro(&url, &["list", "--json"]))
         .as_array()
         .unwrap()
-        .iter()
-        .map(|row| row["key"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        keys,
-        ["ord*rs:3", "ordXrs:4", "orders:1", "orders:2"],
-        "no internal keys"
-    );
-    for row in rows.as_array().unwrap() {
-        let ttl = row["ttl_ms"].as_i64().unwrap();
+    {
+        let ttl = row["ttl_ms"].as_u64().unwrap();
         assert!(ttl > 20_000 && ttl <= 30_000, "{row}");
     }
+    let keys = listed_keys(&lockmacro(&url, &["list", "--prefix", "ord*rs", "--json"]));
+    assert_eq!(keys, ["ord*rs:3"]);
 
-    // `*` in the prefix is a character, not a glob.
-    let listed = lockmacro(&server.url(), &["list", "--prefix", "ord*rs", "--json"]);
-    let rows: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
-    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
-    assert_eq!(rows[0]["key"], "ord*rs:3");
-
-    let table = lockmacro(&server.url(), &["list", "--prefix", "orders"]);
+    let table = lockmacro(&url, &["list", "--prefix", "orders"]);
     assert!(stdout(&table).contains("orders:2"), "{}", stdout(&table));
-    assert!(stdout(&table).contains("shared"), "{}", stdout(&table));
+    assert!(stdout(&table).contains("read"), "{}", stdout(&table));
+    assert!(!stdout(&table).contains("plain"), "{}", stdout(&table));
 
-    let empty = lockmacro(&server.url(), &["list", "--prefix", "nothing", "--json"]);
+    let empty = lockmacro(&url, &["list", "--prefix", "nothing", "--json"]);
     assert!(empty.status.success());
     assert_eq!(stdout(&empty).trim(), "[]");
+    let empty = lockmacro(&url, &["list", "--prefix", "nothing"]);
+    assert!(empty.status.success());
+
+    let plain = lockmacro(&url, &["inspect", "orders:plain"]);
+    assert_fails_with(&plain, "not held");
+    let fence = lockmacro(&url, &["inspect", "lockmacro:fence:orders:1"]);
+    assert_fails_with(&fence, "not held");
 }
 
 #[tokio::test]
@@ -106,20 +213,19 @@ async fn list_walks_a_hundred_thousand_keys() {
     let server = RedisServer::start();
     server.command(&[
         "EVAL",
-        "for i = 1, 100000 do redis.call('SET', 'bulk:' .. i, 'token' .. i, 'PX', 600000) end \
+        "for i = 1, 100000 do redis.call('SET', 'bulk:' .. i, string.format('%032x', i), 'PX', 600000) end \
          for i = 1, 1000 do redis.call('SET', 'other:' .. i, 'x') end return 1",
         "0",
     ]);
-    let listed = lockmacro(&server.url(), &["list", "--prefix", "bulk", "--json"]);
-    assert!(listed.status.success(), "{}", stderr(&listed));
-    let rows: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
-    assert_eq!(rows.as_array().unwrap().len(), 100_000);
+    let listed = lockmacro(&one(server.url()), &["list", "--prefix", "bulk", "--json"]);
+    assert_eq!(json(&listed).as_array().unwrap().len(), 100_000);
 }
 
 #[tokio::test]
 async fn inspect_masks_the_token_and_shows_time_left_fencing_and_waiters() {
     let server = RedisServer::start();
-    let locks = client(&server).await;
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
     let held = locks
         .acquire("reports:7", opts(30_000).fencing(true))
         .await
@@ -139,35 +245,44 @@ async fn inspect_masks_the_token_and_shows_time_left_fencing_and_waiters() {
     });
     waiter_subscribed(&server, "reports:7").await;
 
-    let shown = lockmacro(&server.url(), &["inspect", "reports:7"]);
+    let shown = lockmacro(&url, &["inspect", "reports:7"]);
     assert!(shown.status.success(), "{}", stderr(&shown));
     let text = stdout(&shown);
     assert!(text.contains(&format!("{}…", &held.token()[..4])), "{text}");
     assert!(
         !text.contains(&held.token()[..5]),
-        "more than 4 characters of the token: {text}"
+        "more than 4 characters: {text}"
     );
     assert!(text.contains("exclusive"), "{text}");
     assert!(text.contains("time left:"), "{text}");
     assert!(text.contains(&format!("fencing:    {fence}")), "{text}");
     assert!(text.contains("waiters:    1"), "{text}");
 
+    let object = json(&lockmacro(&url, &["inspect", "reports:7", "--json"]));
+    assert_eq!(object["key"], "reports:7");
+    assert_eq!(object["kind"], "exclusive");
+    assert_eq!(object["fencing_token"], fence);
+    assert_eq!(object["waiters"], 1);
+    assert_eq!(object["holders"][0]["token_hint"], &held.token()[..4]);
+
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap();
-    let free = lockmacro(&server.url(), &["inspect", "reports:7"]);
-    assert!(stdout(&free).contains("not held"), "{}", stdout(&free));
+    // Regression: a free key was exit 0; scripts could not tell held from free.
+    assert_fails_with(&lockmacro(&url, &["inspect", "reports:7"]), "not held");
 }
 
+/// Regression: releasing a key nobody holds was exit 0.
 #[tokio::test]
 async fn forced_release_wakes_the_waiter_and_the_holder_learns_it_lost() {
     let server = RedisServer::start();
-    let locks = client(&server).await;
-    let held = locks.acquire("jobs:1", opts(30_000)).await.unwrap();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let held = locks
+        .acquire("jobs:1", opts(3_000).unlimited_renewals())
+        .await
+        .unwrap();
 
-    let refused = lockmacro(&server.url(), &["release", "jobs:1"]);
-    assert!(!refused.status.success());
-    assert!(stderr(&refused).contains("--force"), "{}", stderr(&refused));
-    assert_eq!(stderr(&refused).trim().lines().count(), 1);
+    assert_fails_with(&lockmacro(&url, &["release", "jobs:1"]), "--force");
 
     let waiter = tokio::spawn({
         let locks = locks.clone();
@@ -180,113 +295,119 @@ async fn forced_release_wakes_the_waiter_and_the_holder_learns_it_lost() {
         }
     });
     waiter_subscribed(&server, "jobs:1").await;
-    let released = lockmacro(&server.url(), &["release", "jobs:1", "--force", "--yes"]);
+    let released = lockmacro(&url, &["release", "jobs:1", "--force", "--yes"]);
     assert!(released.status.success(), "{}", stderr(&released));
     let waited = waiter.await.unwrap().unwrap();
     assert!(
         waited < Duration::from_secs(10),
-        "woken by the announcement, not the 30 s lease: {waited:?}"
+        "woken by the announcement: {waited:?}"
     );
-
     let outcome = held.run(std::future::pending::<()>()).await;
     assert!(
         matches!(outcome, Err(LockError::Lost { .. })),
         "{outcome:?}"
     );
+
+    assert_fails_with(
+        &lockmacro(&url, &["release", "jobs:1", "--force", "--yes"]),
+        "not held",
+    );
+    server.command(&["RPUSH", "queue:1", "a"]);
+    assert_fails_with(
+        &lockmacro(&url, &["release", "queue:1", "--force", "--yes"]),
+        "not held",
+    );
+    assert_eq!(server.command(&["LLEN", "queue:1"]), redis::Value::Int(1));
 }
 
 #[tokio::test]
-async fn a_key_that_is_not_a_lock_bad_urls_and_unreachable_servers_are_one_line_errors() {
-    let server = RedisServer::start();
-    server.command(&["RPUSH", "queue:1", "a"]);
-    let inspected = lockmacro(&server.url(), &["inspect", "queue:1"]);
-    assert!(!inspected.status.success());
-    assert!(
-        stderr(&inspected).contains("is not a lock"),
-        "{}",
-        stderr(&inspected)
-    );
-    let released = lockmacro(&server.url(), &["release", "queue:1", "--force", "--yes"]);
-    assert!(!released.status.success());
-    assert!(
-        stderr(&released).contains("is not a lock"),
-        "{}",
-        stderr(&released)
-    );
-    assert_eq!(server.command(&["LLEN", "queue:1"]), redis::Value::Int(1));
-
-    let bad = lockmacro("http://:hunter2@nowhere", &["list"]);
-    assert!(!bad.status.success());
-    assert!(stderr(&bad).contains("invalid URL"), "{}", stderr(&bad));
+async fn bad_urls_unreachable_servers_and_tls_on_a_plain_port_are_one_line_errors() {
+    let bad = lockmacro(&one("http://:hunter2@nowhere"), &["list"]);
+    assert_fails_with(&bad, "URL");
     assert!(!stderr(&bad).contains("hunter2"), "{}", stderr(&bad));
-    assert_eq!(stderr(&bad).trim().lines().count(), 1);
 
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let down = lockmacro(&format!("redis://127.0.0.1:{port}"), &["list"]);
-    assert!(!down.status.success());
-    assert!(
-        stderr(&down).contains(&format!("127.0.0.1:{port}")),
-        "{}",
-        stderr(&down)
-    );
-    assert_eq!(stderr(&down).trim().lines().count(), 1);
+    let down = lockmacro(&one(format!("redis://127.0.0.1:{port}")), &["list"]);
+    assert_fails_with(&down, &format!("127.0.0.1:{port}"));
 
-    // `--url` after the subcommand too.
+    // Regression: `rediss://` against a plaintext port said only `timed out`.
+    let server = RedisServer::start();
+    let plain = lockmacro(
+        &one(format!("rediss://127.0.0.1:{}/#insecure", server.port())),
+        &["list"],
+    );
+    assert_fails_with(&plain, "TLS");
+
+    // `--url` after the subcommand, and `REDIS_URL`, too.
     let after = Command::new(env!("CARGO_BIN_EXE_lockmacro"))
         .args(["list", "--url", &server.url(), "--json"])
+        .env_remove("REDIS_URL")
         .output()
         .unwrap();
     assert!(after.status.success(), "{}", stderr(&after));
-}
-
-#[tokio::test]
-async fn watch_prints_acquired_renewed_and_released() {
-    let server = RedisServer::start();
-    let locks = client(&server).await;
-    let mut watching = Command::new(env!("CARGO_BIN_EXE_lockmacro"))
-        .args(["watch", "watched:1", "--interval-ms", "20"])
+    let from_env = Command::new(env!("CARGO_BIN_EXE_lockmacro"))
+        .args(["list", "--json"])
         .env("REDIS_URL", server.url())
-        .stdout(Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    let (lines_tx, lines) = mpsc::channel();
-    let out = watching.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
-    let next = |what: &str| loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("no `{what}` line"));
-        if line.contains(what) {
-            return line;
-        }
-    };
-    next("watching");
-    locks
-        .run_locked("watched:1", opts(600), async {
-            let token = LockContext::current().unwrap().token().to_owned();
-            let acquired = next("acquired");
-            assert!(acquired.contains(&token[..4]), "{acquired}");
-            next("renewed");
-        })
-        .await
-        .unwrap();
-    next("released");
-    watching.kill().unwrap();
-    watching.wait().unwrap();
+    assert!(from_env.status.success(), "{}", stderr(&from_env));
 }
 
+/// Regression: `watch` printed a false "released … acquired" pair when a waiter arrived (it
+/// compared raw values, and waiters mark the key), and missed a hold between two polls (now
+/// releases are heard as they are announced, and each holder's token is compared).
 #[tokio::test]
-async fn a_cluster_is_listed_and_inspected_across_every_master() {
+async fn watch_ignores_waiters_and_reports_each_holder_in_turn() {
+    let server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let others = built(LockClient::builder(&server.url())).await;
+    let watching = Watching::start(&url, &[], "watched:1");
+
+    let first = locks.acquire("watched:1", opts(30_000)).await.unwrap();
+    assert_eq!(watching.next(), acquired(first.token()));
+    let (second_tx, second) = tokio::sync::oneshot::channel();
+    let (seen_tx, seen) = tokio::sync::oneshot::channel::<()>();
+    let waiter = tokio::spawn(async move {
+        others
+            .run_locked(
+                "watched:1",
+                opts(30_000).wait(Duration::from_secs(20)),
+                async move {
+                    let token = LockContext::current().unwrap().token().to_owned();
+                    second_tx.send(token).unwrap();
+                    let _ = seen.await;
+                },
+            )
+            .await
+    });
+    waiter_subscribed(&server, "watched:1").await;
+    watching.nothing_for(Duration::from_millis(600));
+    first.release().await.unwrap();
+    assert_eq!(watching.next(), freed());
+    let second = second.await.unwrap();
+    assert_eq!(watching.next(), acquired(&second), "the next holder");
+    seen_tx.send(()).unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(watching.next(), freed());
+
+    let forced = locks.acquire("watched:1", opts(30_000)).await.unwrap();
+    assert_eq!(watching.next(), acquired(forced.token()));
+    let released_now = lockmacro(&url, &["release", "watched:1", "--force", "--yes"]);
+    assert!(released_now.status.success(), "{}", stderr(&released_now));
+    assert_eq!(watching.next(), freed());
+}
+
+/// Regression: on a cluster node without `--cluster`, `list` said `no locks held` while a lock
+/// was held on another master, and `inspect` printed a raw `MOVED` pipeline failure.
+#[tokio::test]
+async fn a_cluster_is_listed_across_every_master_and_a_node_alone_gets_a_hint() {
     let cluster = RedisCluster::start(3, 0);
     let seeds: Vec<String> = cluster.masters().iter().map(|node| node.url()).collect();
-    let locks = LockClient::cluster_builder(&seeds).build().await.unwrap();
+    let locks = built(LockClient::cluster_builder(&seeds)).await;
     let keys: Vec<String> = (0..12).map(|i| format!("spread:{i}")).collect();
     let mut held = Vec::new();
     for key in &keys {
@@ -297,12 +418,13 @@ async fn a_cluster_is_listed_and_inspected_across_every_master() {
                 .unwrap(),
         );
     }
-    let listed = lockmacro(&seeds[0], &["--cluster", "list", "--json"]);
-    assert!(listed.status.success(), "{}", stderr(&listed));
-    let rows: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
-    assert_eq!(rows.as_array().unwrap().len(), keys.len(), "{rows}");
+    let seed = one(seeds[0].clone());
+    let listed = listed_keys(&lockmacro(&seed, &["--cluster", "list", "--json"]));
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(listed, expected);
 
-    let shown = lockmacro(&seeds[0], &["--cluster", "inspect", "spread:5"]);
+    let shown = lockmacro(&seed, &["--cluster", "inspect", "spread:5"]);
     assert!(shown.status.success(), "{}", stderr(&shown));
     let fence = held[5].fencing_token().unwrap();
     assert!(
@@ -311,14 +433,200 @@ async fn a_cluster_is_listed_and_inspected_across_every_master() {
         stdout(&shown)
     );
 
+    for command in [
+        &["list"][..],
+        &["inspect", "spread:5"],
+        &["inspect", "spread:6"],
+    ] {
+        let alone = lockmacro(&seed, command);
+        assert_fails_with(&alone, "this is a cluster node; use --cluster");
+    }
+
+    let watching = Watching::start(&seed, &["--cluster"], "spread:5");
+    assert_eq!(watching.next(), acquired(held[5].token()));
     let released = lockmacro(
-        &seeds[0],
+        &seed,
         &["--cluster", "release", "spread:5", "--force", "--yes"],
     );
     assert!(released.status.success(), "{}", stderr(&released));
+    assert_eq!(watching.next(), freed());
     let outcome = held.remove(5).run(std::future::pending::<()>()).await;
     assert!(
         matches!(outcome, Err(LockError::Lost { .. })),
         "{outcome:?}"
     );
+}
+
+/// Regression: with three Redlock `--url`s each lock was listed three times, and `inspect`
+/// showed the first master that held the key rather than the quorum's view.
+#[tokio::test]
+async fn a_redlock_quorum_lists_each_lock_once_as_the_majority_sees_it() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let locks = built(LockClient::redlock_builder(&urls)).await;
+    let _a = locks.acquire("quorum:1", opts(30_000)).await.unwrap();
+    let _b = locks.acquire("quorum:2", opts(30_000)).await.unwrap();
+    // Held by another token on one master only: no lock in the quorum's view.
+    let stray = format!("{:032x}", 7u128);
+    servers[0].command(&["SET", "quorum:3", &stray, "PX", "60000"]);
+
+    let listed = listed_keys(&lockmacro(&urls, &["list", "--json"]));
+    assert_eq!(listed, ["quorum:1", "quorum:2"]);
+    assert_fails_with(&lockmacro(&urls, &["inspect", "quorum:3"]), "not held");
+    let object = json(&lockmacro(&urls, &["inspect", "quorum:1", "--json"]));
+    assert_eq!(object["holders"][0]["token_hint"], &_a.token()[..4]);
+
+    let released = lockmacro(&urls, &["release", "quorum:1", "--force", "--yes"]);
+    assert!(released.status.success(), "{}", stderr(&released));
+    for server in &servers {
+        assert_eq!(
+            server.command(&["EXISTS", "quorum:1"]),
+            redis::Value::Int(0)
+        );
+    }
+}
+
+/// Regression: Sentinel was looked up by hand (port 6379 by default, no master-role check);
+/// now the runtime's own Sentinel client is used.
+#[tokio::test]
+async fn a_sentinel_url_reaches_the_master() {
+    let sentinel = RedisSentinel::start();
+    let url = one(sentinel.url());
+    let locks = built(LockClient::builder(&sentinel.url())).await;
+    let held = locks.acquire("guarded:1", opts(30_000)).await.unwrap();
+    let listed = listed_keys(&lockmacro(&url, &["list", "--json"]));
+    assert_eq!(listed, ["guarded:1"]);
+    let object = json(&lockmacro(&url, &["inspect", "guarded:1", "--json"]));
+    assert_eq!(object["holders"][0]["token_hint"], &held.token()[..4]);
+    let released = lockmacro(&url, &["release", "guarded:1", "--force", "--yes"]);
+    assert!(released.status.success(), "{}", stderr(&released));
+    assert_fails_with(&lockmacro(&url, &["inspect", "guarded:1"]), "not held");
+}
+
+/// `rediss://` with a private root (`--tls-root`): verified, not skipped.
+#[tokio::test]
+async fn tls_with_a_private_root() {
+    let dir = std::env::temp_dir().join(format!("lockmacro-cli-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    make_certificates(&dir);
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &path("server.crt"),
+        "--tls-key-file",
+        &path("server.key"),
+        "--tls-ca-cert-file",
+        &path("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let locks = built(LockClient::builder(&server.url())).await;
+    let held = locks.acquire("secure:1", opts(30_000)).await.unwrap();
+    let url = one(format!("rediss://127.0.0.1:{tls_port}"));
+
+    let untrusted = lockmacro(&url, &["inspect", "secure:1"]);
+    assert_eq!(untrusted.status.code(), Some(1), "{}", stderr(&untrusted));
+    let trusted = lockmacro(
+        &url,
+        &[
+            "--tls-root",
+            &path("ca.crt"),
+            "inspect",
+            "secure:1",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        json(&trusted)["holders"][0]["token_hint"],
+        &held.token()[..4]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A CA and a server certificate for 127.0.0.1 it signed, with the system's `openssl`.
+fn make_certificates(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=lockmacro CLI test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=lockmacro CLI test server",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
 }

@@ -89,6 +89,11 @@ impl Engine {
         }
     }
 
+    /// The deployment, for inspection (`crate::inspect`).
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     /// Stops taking locks, cancels the work held under this client's leases (it gets
     /// [`LockError::ShutDown`]) and the calls waiting for a lock, releases every lease and waits
     /// for the confirmations, for at most the shutdown timeout. A second call finds nothing to do.

@@ -20,6 +20,7 @@
 //! | the client: connections and one watchdog thread | [`LockClient`], [`set_default_client`] |
 //! | the programmatic API | [`LockClient::run_locked`], [`LockClient::acquire`], [`Lease`] |
 //! | inside locked work | [`LockContext`] |
+//! | inspecting and managing locks | [`LockClient::inspect`], [`LockClient::list`], [`LockClient::force_release`], [`LockClient::watch`] |
 //! | errors | [`LockError`] |
 //!
 //! # Features
@@ -80,6 +81,7 @@ mod builder;
 mod client;
 mod context;
 mod default_client;
+mod inspect;
 mod lease;
 
 #[cfg(feature = "axum")]
@@ -93,6 +95,7 @@ pub use client::LockClient;
 pub use context::LockContext;
 pub use default_client::{default_client, set_default_client};
 pub use error::LockError;
+pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL};
 pub use key::MAX_KEY_LEN;
 pub use lease::Lease;
 pub use lockmacro::redis_lock;

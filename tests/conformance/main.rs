@@ -39,6 +39,11 @@ macro_rules! conformance {
                 fair_waiters_are_served_in_arrival_order,
                 nested_kinds_reenter_or_are_refused,
                 shutdown_cancels_work_releases_leases_and_refuses_later_calls,
+                inspect_shows_holders_time_left_fencing_and_waiters,
+                list_shows_every_lock_under_a_prefix_once,
+                force_release_wakes_the_waiter_and_the_holder_loses,
+                force_release_keeps_the_fair_queue_in_order,
+                watch_reports_every_holder_and_release,
             );
         }
     };

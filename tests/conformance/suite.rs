@@ -894,3 +894,303 @@ pub async fn fenced_waiters_of_one_client_follow_each_other_at_once(deployment: 
         second_in - released_at
     );
 }
+
+/// The next event of a watch, failing after 10 s.
+async fn next_event(
+    events: &mut lockmacro_runtime::LockStream<lockmacro_runtime::LockEvent>,
+) -> lockmacro_runtime::LockEvent {
+    use futures_util::StreamExt;
+    tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("an event within 10 s")
+        .expect("the watch goes on")
+        .expect("the watch reads the key")
+}
+
+fn hint(token: &str) -> String {
+    token.chars().take(4).collect()
+}
+
+/// `inspect`: who holds a key, of which kind, for how long, its fencing counter and who waits;
+/// `None` once it is free.
+pub async fn inspect_shows_holders_time_left_fencing_and_waiters(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    assert_eq!(locks.inspect("audit:1").await.unwrap(), None, "free");
+    let fencing = deployment.offers_fencing();
+    let held = locks
+        .acquire("audit:1", opts(30_000).fencing(fencing))
+        .await
+        .unwrap();
+    let info = locks.inspect("audit:1").await.unwrap().expect("held");
+    assert_eq!(info.key(), "audit:1");
+    assert_eq!(info.kind(), lockmacro_runtime::LockKind::Exclusive);
+    assert_eq!(info.holders().len(), 1);
+    assert_eq!(info.holders()[0].token_hint(), hint(held.token()));
+    assert!(
+        info.time_left() > Duration::from_secs(20) && info.time_left() <= Duration::from_secs(30),
+        "{info:?}"
+    );
+    assert_eq!(info.fencing_token(), held.fencing_token());
+    assert_eq!(info.waiters(), 0, "{info:?}");
+
+    let other = deployment.another_client().await;
+    let waiter = tokio::spawn(async move {
+        other
+            .run_locked(
+                "audit:1",
+                opts(1_000).wait(Duration::from_secs(20)),
+                async {},
+            )
+            .await
+    });
+    deployment.waiter_subscribed("audit:1").await;
+    let info = locks.inspect("audit:1").await.unwrap().expect("held");
+    assert_eq!(info.waiters(), 1, "{info:?}");
+    assert_eq!(
+        info.holders()[0].token_hint(),
+        hint(held.token()),
+        "a waiter's mark is no new holder"
+    );
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(locks.inspect("audit:1").await.unwrap(), None, "free again");
+
+    let readers = [
+        locks.acquire("audit:2", opts(30_000).read()).await.unwrap(),
+        locks.acquire("audit:2", opts(20_000).read()).await.unwrap(),
+    ];
+    let info = locks.inspect("audit:2").await.unwrap().expect("read");
+    assert_eq!(info.kind(), lockmacro_runtime::LockKind::Read);
+    assert_eq!(info.holders().len(), 2, "{info:?}");
+    assert!(
+        info.time_left() > Duration::from_secs(20),
+        "the longest: {info:?}"
+    );
+    let permit = locks
+        .acquire("audit:3", opts(30_000).permits(3))
+        .await
+        .unwrap();
+    let info = locks.inspect("audit:3").await.unwrap().expect("permits");
+    assert_eq!(info.kind(), lockmacro_runtime::LockKind::Permits(3));
+    assert_eq!(info.holders()[0].token_hint(), hint(permit.token()));
+    for reader in readers {
+        reader.release().await.unwrap();
+    }
+    permit.release().await.unwrap();
+    assert_eq!(locks.inspect("audit:2").await.unwrap(), None);
+    assert!(matches!(
+        locks.inspect("").await,
+        Err(LockError::InvalidKey { .. })
+    ));
+}
+
+/// `list`: every lock under a prefix, each once, never an internal key.
+pub async fn list_shows_every_lock_under_a_prefix_once(deployment: &impl Deployment) {
+    use futures_util::TryStreamExt;
+    let locks = deployment.client().await;
+    let fencing = deployment.offers_fencing();
+    let mut held = Vec::new();
+    for i in 0..40 {
+        held.push(
+            locks
+                .acquire(format!("inv:{i}").as_str(), opts(30_000).fencing(fencing))
+                .await
+                .unwrap(),
+        );
+    }
+    held.push(locks.acquire("inv:r", opts(30_000).read()).await.unwrap());
+    held.push(locks.acquire("invx:1", opts(30_000)).await.unwrap());
+    held.push(locks.acquire("other:1", opts(30_000)).await.unwrap());
+    // Released: its fencing counter and release channel stay, and are no locks.
+    locks
+        .run_locked("inv:gone", opts(30_000).fencing(fencing), async {})
+        .await
+        .unwrap();
+
+    let listed: Vec<lockmacro_runtime::LockInfo> = locks.list("inv").try_collect().await.unwrap();
+    let mut keys: Vec<&str> = listed.iter().map(|lock| lock.key()).collect();
+    keys.sort_unstable();
+    let mut expected: Vec<String> = (0..40).map(|i| format!("inv:{i}")).collect();
+    expected.push("inv:r".to_owned());
+    expected.sort_unstable();
+    assert_eq!(keys, expected, "each lock under `inv:` once");
+    let all: Vec<lockmacro_runtime::LockInfo> = locks.list("").try_collect().await.unwrap();
+    assert_eq!(
+        all.len(),
+        43,
+        "{:?}",
+        all.iter().map(|l| l.key()).collect::<Vec<_>>()
+    );
+    assert!(all.iter().all(|lock| !lock.key().starts_with("lockmacro:")));
+    let none: Vec<lockmacro_runtime::LockInfo> = locks.list("nothing").try_collect().await.unwrap();
+    assert!(none.is_empty());
+    for lease in held {
+        lease.release().await.unwrap();
+    }
+    let after: Vec<lockmacro_runtime::LockInfo> = locks.list("").try_collect().await.unwrap();
+    assert!(after.is_empty(), "{after:?}");
+}
+
+/// `force_release`: the holder is removed (it learns `Lost` at its next renewal), a waiter is
+/// woken at once, and a key nobody holds reports `false`.
+pub async fn force_release_wakes_the_waiter_and_the_holder_loses(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let held = locks
+        .acquire("batch:1", opts(1_500).unlimited_renewals())
+        .await
+        .unwrap();
+    let other = deployment.another_client().await;
+    let (running_tx, running) = oneshot::channel();
+    let waiter = tokio::spawn(async move {
+        other
+            .run_locked(
+                "batch:1",
+                opts(5_000).wait(Duration::from_secs(30)),
+                async move {
+                    running_tx.send(Instant::now()).unwrap();
+                },
+            )
+            .await
+    });
+    deployment.waiter_subscribed("batch:1").await;
+    let forced_at = Instant::now();
+    assert!(locks.force_release("batch:1").await.unwrap(), "it was held");
+    let woken = running.await.unwrap() - forced_at;
+    assert!(woken < Duration::from_secs(1), "woken after {woken:?}");
+    waiter.await.unwrap().unwrap();
+    let outcome = held.run(std::future::pending::<()>()).await;
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        !locks.force_release("batch:1").await.unwrap(),
+        "nobody holds it"
+    );
+
+    let readers = [
+        locks.acquire("batch:2", opts(30_000).read()).await.unwrap(),
+        locks.acquire("batch:2", opts(30_000).read()).await.unwrap(),
+    ];
+    assert!(locks.force_release("batch:2").await.unwrap());
+    assert_eq!(locks.inspect("batch:2").await.unwrap(), None);
+    drop(readers);
+}
+
+/// `force_release` of a fair lock: the queue stays, and its waiters are served in order.
+pub async fn force_release_keeps_the_fair_queue_in_order(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let fair = opts(30_000).fair(true);
+    let _held = locks.acquire("line:9", fair).await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = tokio::task::JoinSet::new();
+    for n in 0..3 {
+        let (waiter, served) = (locks.clone(), served.clone());
+        waiters.spawn(async move {
+            waiter
+                .run_locked("line:9", fair.wait(Duration::from_secs(20)), async move {
+                    served.send(n).unwrap();
+                })
+                .await
+        });
+        // Each waiter is in the queue before the next arrives.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while locks
+            .inspect("line:9")
+            .await
+            .unwrap()
+            .is_none_or(|lock| lock.waiters() < n + 1)
+        {
+            assert!(Instant::now() < deadline, "waiter {n} never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert!(locks.force_release("line:9").await.unwrap());
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(
+            tokio::time::timeout(Duration::from_secs(10), order.recv())
+                .await
+                .expect("every waiter is served")
+                .unwrap(),
+        );
+    }
+    assert_eq!(seen, [0, 1, 2], "served in arrival order");
+    while let Some(waiter) = waiters.join_next().await {
+        waiter.unwrap().unwrap();
+    }
+}
+
+/// `watch`: a holder taking the key, its release, the next holder right after it, a forced
+/// release and an expiry are each reported; a waiter arriving is not.
+pub async fn watch_reports_every_holder_and_release(deployment: &impl Deployment) {
+    use lockmacro_runtime::LockEvent;
+    let locks = deployment.client().await;
+    let mut events = locks.watch("watched:1");
+    let first = locks.acquire("watched:1", opts(30_000)).await.unwrap();
+    assert_eq!(
+        next_event(&mut events).await,
+        LockEvent::Acquired {
+            token_hint: hint(first.token())
+        }
+    );
+    // A waiter of another client arrives (and marks the key): no event. Then the lock passes
+    // to it: the release and the next holder are both reported, in order.
+    let other = deployment.another_client().await;
+    let (second_tx, second) = oneshot::channel();
+    let (seen_tx, seen) = oneshot::channel::<()>();
+    let waiter = tokio::spawn(async move {
+        other
+            .run_locked(
+                "watched:1",
+                opts(30_000).wait(Duration::from_secs(20)),
+                async move {
+                    let token = LockContext::current().unwrap().token().to_owned();
+                    second_tx.send(token).unwrap();
+                    // Held until the watch reported it: a hold that begins and ends
+                    // unannounced within one look is beyond what a watch can see.
+                    let _ = seen.await;
+                },
+            )
+            .await
+    });
+    deployment.waiter_subscribed("watched:1").await;
+    first.release().await.unwrap();
+    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+    let second = second.await.unwrap();
+    assert_eq!(
+        next_event(&mut events).await,
+        LockEvent::Acquired {
+            token_hint: hint(&second)
+        },
+        "the next holder is seen"
+    );
+    seen_tx.send(()).unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+
+    let forced = locks.acquire("watched:1", opts(30_000)).await.unwrap();
+    assert_eq!(
+        next_event(&mut events).await,
+        LockEvent::Acquired {
+            token_hint: hint(forced.token())
+        }
+    );
+    assert!(locks.force_release("watched:1").await.unwrap());
+    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+    drop(forced);
+
+    // Taken with no renewal, never released: it expires, unannounced.
+    let lapsing = locks
+        .acquire("watched:1", opts(400).max_renewals(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_event(&mut events).await,
+        LockEvent::Acquired {
+            token_hint: hint(lapsing.token())
+        }
+    );
+    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+    drop(lapsing);
+}

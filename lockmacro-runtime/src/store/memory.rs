@@ -17,10 +17,11 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
+use super::inspect::SCAN_COUNT;
 use super::protocol;
 use super::{
-    AcquireRequest, Acquired, BoxFuture, LeaseRef, ReleaseFeed, Released, Renewal, Store,
-    StoreError,
+    AcquireRequest, Acquired, BoxFuture, Cursor, LeaseRef, Page, ReleaseFeed, Released, Renewal,
+    Snapshot, Store, StoreError,
 };
 use crate::options::LockKind;
 
@@ -118,6 +119,47 @@ impl Data {
             self.locks.remove(key);
         }
         self.locks.get_mut(key)
+    }
+
+    /// What `key` holds now, as inspection reports it; `mark`: an exclusive holder's token to
+    /// mark as waited for, as inspect.lua does, so that its release is announced.
+    fn snapshot(&mut self, key: &str, mark: Option<&str>, now: Instant) -> Option<Snapshot> {
+        let (kind, holders, marked) = match self.live(key, now)? {
+            Held::Exclusive {
+                token,
+                expires,
+                waited,
+            } => {
+                if mark == Some(token.as_str()) {
+                    *waited = true;
+                }
+                (
+                    LockKind::Exclusive,
+                    vec![(token.clone(), expires.saturating_duration_since(now))],
+                    *waited,
+                )
+            }
+            Held::Shared { kind, holders } => (
+                *kind,
+                holders
+                    .iter()
+                    .map(|(token, expires)| (token.clone(), expires.saturating_duration_since(now)))
+                    .collect(),
+                false,
+            ),
+        };
+        let queued = self.queues.get(key).map_or(0, |queue| {
+            queue.iter().filter(|(_, lapses)| *lapses > now).count()
+        });
+        let listeners = self.listeners.get(key).copied().unwrap_or(0);
+        Some(Snapshot {
+            key: key.to_owned(),
+            kind,
+            holders,
+            marked,
+            fencing: self.fences.get(key).copied(),
+            waiters: listeners.max(queued),
+        })
     }
 
     /// The fair queue's first live waiter, dropping those whose place lapsed.
@@ -378,6 +420,73 @@ impl Store for MemoryStore {
 
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async { Ok(()) })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+        mark: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(async move { Ok(self.data().snapshot(key, mark, Instant::now())) })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Cursor,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut data = self.data();
+            // Keys in order, from the last key of the previous page on.
+            let mut keys: Vec<String> = data
+                .locks
+                .keys()
+                .filter(|key| {
+                    (prefix.is_empty()
+                        || key
+                            .strip_prefix(prefix)
+                            .is_some_and(|rest| rest.starts_with(':')))
+                        && (cursor.position.is_empty() || key.as_str() > cursor.position.as_str())
+                })
+                .cloned()
+                .collect();
+            keys.sort_unstable();
+            let more = keys.len() > SCAN_COUNT;
+            keys.truncate(SCAN_COUNT);
+            let next = more.then(|| Cursor {
+                position: keys.last().cloned().unwrap_or_default(),
+                ..Cursor::default()
+            });
+            let locks = keys
+                .iter()
+                .filter_map(|key| data.snapshot(key, None, now))
+                .collect();
+            Ok(Page { locks, next })
+        })
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.injected_failure()?;
+            let removed = {
+                let mut data = self.data();
+                data.live(key, Instant::now());
+                // The fair queue and writers' claims stay: the next in line keeps its turn.
+                match data.locks.remove(key) {
+                    Some(Held::Exclusive { token, .. }) => vec![token],
+                    Some(Held::Shared { holders, .. }) => holders.into_keys().collect(),
+                    None => Vec::new(),
+                }
+            };
+            for token in &removed {
+                let _ = self.inner.releases.send(Released {
+                    key: key.to_owned(),
+                    token: token.clone(),
+                });
+            }
+            Ok(!removed.is_empty())
+        })
     }
 }
 

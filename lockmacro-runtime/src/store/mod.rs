@@ -20,6 +20,7 @@ use crate::error::LockError;
 use crate::options::LockKind;
 
 mod deployment;
+pub(crate) mod inspect;
 #[cfg(feature = "test-util")]
 pub(crate) mod memory;
 pub mod protocol;
@@ -29,6 +30,7 @@ mod scripts;
 mod tls;
 
 pub(crate) use deployment::Deployment;
+pub(crate) use inspect::{Cursor, Page, Snapshot};
 pub(crate) use protocol::{AcquireNames, Names};
 
 /// How a deployment is reached and timed, and the names it keeps beside lock keys.
@@ -76,6 +78,24 @@ pub(crate) trait Store: Send + Sync + 'static {
 
     /// Opens (or checks) the current runtime's connections, so the first real call pays nothing.
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// What holds `key` now (`None`: no lock of ours). `mark`: an exclusive holder's token to
+    /// mark as waited for, so that its release is announced ([`inspect`]).
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+        mark: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>>;
+
+    /// One page of the locks whose key starts with `prefix:` (`""`: every lock).
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Cursor,
+    ) -> BoxFuture<'a, Result<Page, StoreError>>;
+
+    /// Removes every holder of `key` and announces it: `true` when there was one.
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 /// Release announcements for the keys being waited for.

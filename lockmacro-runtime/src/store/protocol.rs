@@ -51,6 +51,50 @@ pub fn holder_token(value: &str) -> &str {
     value.strip_suffix(WAITED_MARK).unwrap_or(value)
 }
 
+/// Whether `token` looks like a lock token the library makes: 32 lowercase hex digits (128
+/// random bits), or a UUID, hyphenated (`8-4-4-4-12` hex digits) or simple. The one test of
+/// "is this string value a lock of ours", so that inspection never takes any string key for
+/// a lock.
+pub fn is_token(token: &str) -> bool {
+    let hex = |part: &str| {
+        part.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b.to_ascii_lowercase()))
+    };
+    match token.len() {
+        32 => token
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        36 => {
+            let parts: Vec<&str> = token.split('-').collect();
+            parts.iter().map(|part| part.len()).eq([8, 4, 4, 4, 12]) && parts.iter().all(|p| hex(p))
+        }
+        _ => false,
+    }
+}
+
+/// The holder's token when `value` is an exclusive lock of ours (a token, marked or not);
+/// `None` for any other string.
+pub fn exclusive_holder(value: &str) -> Option<&str> {
+    Some(holder_token(value)).filter(|token| is_token(token))
+}
+
+/// The `SCAN MATCH` pattern of every key that starts with `prefix:` (every key for an empty
+/// prefix), with the glob characters in `prefix` escaped.
+pub fn lock_pattern(prefix: &str) -> String {
+    if prefix.is_empty() {
+        return "*".to_owned();
+    }
+    let mut pattern = String::with_capacity(prefix.len() + 4);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push_str(":*");
+    pattern
+}
+
 /// Whether an exclusive lock's `value` is `token`'s, marked or not.
 pub fn holds(value: &str, token: &str) -> bool {
     holder_token(value) == token
@@ -237,6 +281,37 @@ mod tests {
         assert!(!holds("", token));
         assert!(is_waited_for(&exclusive_value(token, true)));
         assert!(!is_waited_for(token));
+    }
+
+    #[test]
+    fn only_the_libraries_tokens_are_tokens() {
+        for token in [
+            "0123456789abcdef0123456789abcdef",
+            "67e55044-10b1-426f-9247-bb680e5fe0c8",
+            "67E55044-10B1-426F-9247-BB680E5FE0C8",
+        ] {
+            assert!(is_token(token), "{token}");
+            assert_eq!(exclusive_holder(&exclusive_value(token, true)), Some(token));
+        }
+        for stranger in [
+            "",
+            "hello",
+            "1764057600000000",
+            "0123456789ABCDEF0123456789ABCDEF",
+            "0123456789abcdef0123456789abcdeg",
+            "67e55044-10b1-426f-9247bb680e5fe0c8a",
+            "67e5504410b1-426f-9247-bb680e5fe0c8",
+        ] {
+            assert!(!is_token(stranger), "{stranger}");
+        }
+        assert_eq!(exclusive_holder("hello+"), None);
+    }
+
+    #[test]
+    fn lock_patterns_escape_globs() {
+        assert_eq!(lock_pattern(""), "*");
+        assert_eq!(lock_pattern("orders"), "orders:*");
+        assert_eq!(lock_pattern("o*d?r[s]\\"), "o\\*d\\?r\\[s\\]\\\\:*");
     }
 
     #[test]

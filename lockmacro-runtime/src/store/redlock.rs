@@ -26,6 +26,7 @@ use futures_util::future::{join_all, select_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
+use super::inspect::{self, Cursor, Page, Snapshot};
 use super::redis::RedisStore;
 use super::redis::server::Server;
 use super::{
@@ -281,6 +282,26 @@ impl Store for RedlockStore {
                 seen: HashMap::new(),
             }) as Box<dyn ReleaseFeed>)
         })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+        mark: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(inspect::quorum_look(&self.masters, key, mark))
+    }
+
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Cursor,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(inspect::quorum_scan(&self.masters, prefix, cursor))
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(inspect::quorum_force_release(&self.masters, key))
     }
 
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {

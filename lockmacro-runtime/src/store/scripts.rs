@@ -17,14 +17,26 @@ pub(crate) const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
 pub(crate) const RELEASE_LUA: &str = include_str!("scripts/release.lua");
 pub(crate) const EXTEND_LUA: &str = include_str!("scripts/extend.lua");
 pub(crate) const HAND_OVER_LUA: &str = include_str!("scripts/hand_over.lua");
+pub(crate) const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
+pub(crate) const FORCE_RELEASE_LUA: &str = include_str!("scripts/force_release.lua");
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
 pub(crate) static HAND_OVER: LazyLock<Script> = LazyLock::new(|| Script::new(HAND_OVER_LUA));
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+pub(crate) static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 
 /// Every script, for loading them up front on a new connection.
-pub(crate) const ALL: [&str; 4] = [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA, HAND_OVER_LUA];
+pub(crate) const ALL: [&str; 6] = [
+    ACQUIRE_LUA,
+    RELEASE_LUA,
+    EXTEND_LUA,
+    HAND_OVER_LUA,
+    INSPECT_LUA,
+    FORCE_RELEASE_LUA,
+];
 
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
 pub(crate) const EXTEND_CHUNK: usize = 500;
@@ -177,6 +189,16 @@ pub(crate) fn extend(leases: &[LeaseRef<'_>]) -> redis::Pipeline {
         }
     }
     pipe
+}
+
+/// The inspect script, to be followed by its 3 keys and 3 arguments (`store::inspect`).
+pub(crate) fn evalsha_inspect() -> redis::Cmd {
+    evalsha(&INSPECT, 3, 6, 128)
+}
+
+/// The force-release script, to be followed by its 2 keys and 3 arguments (`store::inspect`).
+pub(crate) fn evalsha_force_release() -> redis::Cmd {
+    evalsha(&FORCE_RELEASE, 2, 5, 128)
 }
 
 /// `SCRIPT LOAD` of every script, ignoring the replies: sent once per new connection, so a

@@ -187,6 +187,35 @@ impl Transport for Cluster {
             }) as Box<dyn ReleaseFeed>)
         })
     }
+
+    /// Every master, from `CLUSTER NODES` asked of any node.
+    fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.connection().await?;
+            let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+            let nodes = connection.route_command(redis::cmd("CLUSTER").arg("NODES").clone(), any);
+            let nodes = bounded(self.settings.response_timeout, nodes).await?;
+            let nodes: String = redis::from_redis_value(nodes).map_err(StoreError::unavailable)?;
+            Ok(crate::store::inspect::cluster_masters(&nodes))
+        })
+    }
+
+    fn on_master<'a>(
+        &'a self,
+        master: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<Value, StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.connection().await?;
+            let (host, port) = master
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+                .ok_or_else(|| StoreError::unavailable(format!("no node at `{master}`")))?;
+            let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            let reply = connection.route_command(cmd.clone(), node);
+            bounded(self.settings.response_timeout, reply).await
+        })
+    }
 }
 
 /// Whether a failed request may have run; a cluster's own errors (`MOVED`, `TRYAGAIN`, ...) came

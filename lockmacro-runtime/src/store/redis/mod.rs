@@ -16,6 +16,7 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
+use super::inspect::{self, Commands, Cursor, Page, Snapshot};
 use super::protocol::{self, AcquireNames, Names};
 use super::scripts::{self, Announce};
 use super::{
@@ -72,6 +73,17 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
 
     /// A subscription to release announcements, as the deployment announces them.
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
+
+    /// The masters to scan, as addresses [`on_master`](Self::on_master) takes (one server: a
+    /// single empty name).
+    fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
+
+    /// `cmd` (a `SCAN` page, an `INFO`) on the master `master`.
+    fn on_master<'a>(
+        &'a self,
+        master: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, StoreError>>;
 }
 
 /// Where a deployment keeps a lock's names, and how it announces a release.
@@ -458,6 +470,26 @@ impl<T: Transport> Store for RedisStore<T> {
         self.transport.release_feed()
     }
 
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+        mark: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(inspect::look(self, key, mark))
+    }
+
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Cursor,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(inspect::scan(self, prefix, cursor))
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(inspect::force_release(self, key))
+    }
+
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let mut connection = self.transport.connection().await?;
@@ -470,6 +502,42 @@ impl<T: Transport> Store for RedisStore<T> {
                 .map_err(SendError::into_store_error)?;
             Ok(())
         })
+    }
+}
+
+impl<T: Transport> Commands for RedisStore<T> {
+    fn names(&self) -> &Names {
+        &self.settings().names
+    }
+
+    fn is_cluster(&self) -> bool {
+        T::LAYOUT == Layout::Cluster
+    }
+
+    fn on_key<'a>(
+        &'a self,
+        key: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.transport.connection().await?;
+            let budget = self.settings().response_timeout;
+            self.send(&mut connection, key, Request::Cmd(cmd), budget)
+                .await
+                .map_err(SendError::into_store_error)
+        })
+    }
+
+    fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        self.transport.masters()
+    }
+
+    fn on_master<'a>(
+        &'a self,
+        master: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
+        self.transport.on_master(master, cmd)
     }
 }
 

@@ -187,6 +187,24 @@ impl Transport for Server {
             Ok(Box::new(feed) as Box<dyn ReleaseFeed>)
         })
     }
+
+    fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async { Ok(vec![String::new()]) })
+    }
+
+    fn on_master<'a>(
+        &'a self,
+        _master: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
+        Box::pin(async move {
+            let mut connection = self.connection().await?;
+            let budget = self.settings.response_timeout;
+            self.send_once(&mut connection, Request::Cmd(cmd), budget)
+                .await
+                .map_err(SendError::into_store_error)
+        })
+    }
 }
 
 /// Listens for `+switch-master` on a sentinel, for as long as `server` lives, and drops its

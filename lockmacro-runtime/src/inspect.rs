@@ -1,0 +1,450 @@
+//! Inspecting and managing locks: the questions operators ask (Redisson's `isLocked`,
+//! `remainTimeToLive`, `forceUnlock`), on every deployment and in memory.
+//!
+//! [`LockClient::inspect`], [`LockClient::list`], [`LockClient::force_release`] and
+//! [`LockClient::watch`] read what the library itself writes ([`protocol`](crate::protocol)):
+//! a string key is a lock only when its value is one of our tokens, a hash only when it carries
+//! our `kind` field, and the library's internal keys are never shown. On Redlock every figure is
+//! the quorum's view. The `lockmacro` command-line tool is a thin layer over these.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{self, Stream};
+
+use crate::client::LockClient;
+use crate::error::LockError;
+use crate::key::check_key;
+use crate::options::LockKind;
+use crate::store::{Cursor, ReleaseFeed, Snapshot, Store, StoreError};
+
+/// How many characters of a holder's token inspection shows.
+const TOKEN_HINT_CHARS: usize = 4;
+
+/// How often [`LockClient::watch`] looks at its key between announcements: it notices an
+/// expiry (which nothing announces) and a holder taking a free key within this long.
+pub const WATCH_POLL: Duration = Duration::from_millis(200);
+
+/// What holds a lock now, from [`LockClient::inspect`] or [`LockClient::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    key: String,
+    kind: LockKind,
+    holders: Vec<Holder>,
+    fencing_token: Option<u64>,
+    waiters: usize,
+}
+
+impl LockInfo {
+    /// The lock's Redis key, `"{prefix}:{key}"`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Exclusive, readers, or permits.
+    pub fn kind(&self) -> LockKind {
+        self.kind
+    }
+
+    /// Who holds it: one holder for an exclusive lock, one per reader or permit holder.
+    pub fn holders(&self) -> &[Holder] {
+        &self.holders
+    }
+
+    /// How long until the lock is free unless renewed: the longest of its holders' leases.
+    pub fn time_left(&self) -> Duration {
+        self.holders
+            .iter()
+            .map(Holder::time_left)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The key's fencing counter (the last fencing token handed out), if fencing was used on it
+    /// within the counter's life (`protocol::FENCING_COUNTER_LIFE`). Always `None` on Redlock,
+    /// which refuses fencing.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+
+    /// Callers known to wait for it: the larger of the clients subscribed to its release
+    /// announcements (`PUBSUB NUMSUB`, `SHARDNUMSUB` on a Cluster; a client subscribes once
+    /// however many of its callers wait, and a running [`LockClient::watch`] counts as one) and
+    /// the live places in its fair queue (one per fair waiter). On Redlock, the most that a
+    /// majority of the masters report; in memory, the same two figures from the store.
+    pub fn waiters(&self) -> usize {
+        self.waiters
+    }
+
+    fn from_snapshot(snapshot: Snapshot) -> Self {
+        let mut holders: Vec<Holder> = snapshot
+            .holders
+            .into_iter()
+            .map(|(token, time_left)| Holder {
+                token_hint: token_hint(&token),
+                time_left,
+            })
+            .collect();
+        holders.sort_by_key(|holder| std::cmp::Reverse(holder.time_left));
+        Self {
+            key: snapshot.key,
+            kind: snapshot.kind,
+            holders,
+            fencing_token: snapshot.fencing,
+            waiters: snapshot.waiters,
+        }
+    }
+}
+
+/// One holder of a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    token_hint: String,
+    time_left: Duration,
+}
+
+impl Holder {
+    /// At most the first 4 characters of the holder's token: enough to tell holders apart in a
+    /// log ([`LockContext::token`](crate::LockContext::token) of the holder starts with it),
+    /// never enough to release the lock as its holder.
+    pub fn token_hint(&self) -> &str {
+        &self.token_hint
+    }
+
+    /// How long until this holder's lease runs out unless renewed.
+    pub fn time_left(&self) -> Duration {
+        self.time_left
+    }
+}
+
+/// What [`LockClient::watch`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockEvent {
+    /// A holder took the key (for a shared lock, each new reader or permit holder).
+    Acquired {
+        /// At most the first 4 characters of the new holder's token.
+        token_hint: String,
+    },
+    /// The key became free: released, expired, or forced.
+    Released,
+}
+
+fn token_hint(token: &str) -> String {
+    token.chars().take(TOKEN_HINT_CHARS).collect()
+}
+
+/// A boxed stream, as the inspection methods return.
+pub type LockStream<T> = Pin<Box<dyn Stream<Item = Result<T, LockError>> + Send + 'static>>;
+
+impl LockClient {
+    fn inspection(&self) -> Arc<dyn Store> {
+        self.engine.store().clone()
+    }
+
+    /// What holds `key` now; `None` when nobody holds it (or it holds anything but a lock of
+    /// this library). On Redlock, the quorum's view: held when a majority of the masters name
+    /// the same holder, for as long as a majority still will.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
+    /// use lockmacro_runtime::LockClient;
+    ///
+    /// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
+    /// match locks.inspect("Business1:1024").await? {
+    ///     Some(lock) => println!(
+    ///         "held by {} for {:?} more; {} waiting",
+    ///         lock.holders()[0].token_hint(),
+    ///         lock.time_left(),
+    ///         lock.waiters()
+    ///     ),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] for an empty or oversized key; [`LockError::Redis`] when the
+    /// deployment does not answer; [`LockError::NoQuorum`] on Redlock without a majority.
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let key = check_key(key.to_owned())?;
+        let found = self
+            .inspection()
+            .inspect(&key, None)
+            .await
+            .map_err(|error| error.into_lock_error(Some(&key)))?;
+        Ok(found.map(LockInfo::from_snapshot))
+    }
+
+    /// Every lock whose key starts with `prefix:` (`""`: every lock), never one of the
+    /// library's internal keys. Scans incrementally (`SCAN … COUNT 1000`, on every master of a
+    /// Cluster, on each Redlock master with each lock listed once, as the quorum sees it): one
+    /// page of keys is in memory at a time, so a million keys never are. Locks are in no
+    /// particular order; one taken or released during the scan may or may not be listed.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
+    /// use futures_util::TryStreamExt;
+    /// use lockmacro_runtime::LockClient;
+    ///
+    /// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
+    /// let mut listed = locks.list("Business1");
+    /// while let Some(lock) = listed.try_next().await? {
+    ///     println!("{} {:?}", lock.key(), lock.time_left());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// An item is [`LockError::Redis`] (or [`LockError::NoQuorum`]) when a master does not
+    /// answer; the stream ends after it.
+    pub fn list(&self, prefix: &str) -> LockStream<LockInfo> {
+        struct Listing {
+            store: Arc<dyn Store>,
+            prefix: String,
+            next: Option<Cursor>,
+            page: VecDeque<Snapshot>,
+        }
+        let listing = Listing {
+            store: self.inspection(),
+            prefix: prefix.to_owned(),
+            next: Some(Cursor::default()),
+            page: VecDeque::new(),
+        };
+        Box::pin(stream::unfold(listing, |mut listing| async move {
+            loop {
+                if let Some(found) = listing.page.pop_front() {
+                    return Some((Ok(LockInfo::from_snapshot(found)), listing));
+                }
+                let cursor = listing.next.take()?;
+                match listing.store.scan(&listing.prefix, cursor).await {
+                    Ok(page) => {
+                        listing.page = page.locks.into();
+                        listing.next = page.next;
+                    }
+                    // `next` stays `None`: the stream ends after the error.
+                    Err(error) => return Some((Err(error.into_lock_error(None)), listing)),
+                }
+            }
+        }))
+    }
+
+    /// Removes every holder of `key` now, whoever holds it, and announces the release so that
+    /// waiters take it at once: `true` when it was held. The holders' work gets
+    /// [`LockError::Lost`] at its next renewal (it runs until then). A fair lock's queue and a
+    /// waiting writer's claim stay, so the next in line still gets its turn. On Redlock it is
+    /// removed from every master that answers.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
+    /// use lockmacro_runtime::LockClient;
+    ///
+    /// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
+    /// if !locks.force_release("Business1:1024").await? {
+    ///     println!("nobody held it");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`inspect`](Self::inspect).
+    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        let key = check_key(key.to_owned())?;
+        self.inspection()
+            .force_release(&key)
+            .await
+            .map_err(|error| error.into_lock_error(Some(&key)))
+    }
+
+    /// Follows `key`: [`LockEvent::Acquired`] when a holder takes it, [`LockEvent::Released`]
+    /// when it becomes free (released, expired or forced); a waiter arriving or leaving is no
+    /// event. Driven by the key's release announcements (the watch marks each holder it sees,
+    /// as a waiter does, so that its release is announced), with a look every [`WATCH_POLL`]
+    /// for expiries and new holders of a free key. A holder replaced between two looks is
+    /// reported as `Released` then `Acquired`, and an announced release of a holder never seen
+    /// as `Acquired` then `Released`; a hold that starts and ends unannounced between two looks
+    /// (no waiter, a release within one poll) is not seen.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
+    /// use futures_util::TryStreamExt;
+    /// use lockmacro_runtime::{LockClient, LockEvent};
+    ///
+    /// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
+    /// let mut events = locks.watch("Business1:1024");
+    /// while let Some(event) = events.try_next().await? {
+    ///     match event {
+    ///         LockEvent::Acquired { token_hint } => println!("acquired by {token_hint}…"),
+    ///         LockEvent::Released => println!("released"),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// An item is [`LockError::InvalidKey`] (then the stream ends) or [`LockError::Redis`] /
+    /// [`LockError::NoQuorum`] when the deployment does not answer; after such an error the
+    /// stream goes on, looking again after a pause.
+    pub fn watch(&self, key: &str) -> LockStream<LockEvent> {
+        let key = match check_key(key.to_owned()) {
+            Ok(key) => key,
+            Err(error) => return Box::pin(stream::iter([Err(error)])),
+        };
+        let watcher = Watcher {
+            store: self.inspection(),
+            key,
+            feed: None,
+            held: Vec::new(),
+            reported: VecDeque::new(),
+            events: VecDeque::new(),
+            look_now: true,
+            failed: false,
+        };
+        Box::pin(stream::unfold(watcher, |mut watcher| async move {
+            let next = watcher.next().await;
+            Some((next, watcher))
+        }))
+    }
+}
+
+/// The state of one [`LockClient::watch`].
+struct Watcher {
+    store: Arc<dyn Store>,
+    key: String,
+    feed: Option<Box<dyn ReleaseFeed>>,
+    /// The tokens of the holders last seen.
+    held: Vec<String>,
+    /// Tokens whose release was reported already (an announcement may come after a look).
+    reported: VecDeque<String>,
+    events: VecDeque<LockEvent>,
+    look_now: bool,
+    /// The last call failed: pause before trying again.
+    failed: bool,
+}
+
+/// How many released tokens a watch remembers.
+const REPORTED_MEMORY: usize = 64;
+
+impl Watcher {
+    async fn next(&mut self) -> Result<LockEvent, LockError> {
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                return Ok(event);
+            }
+            if self.failed {
+                self.failed = false;
+                tokio::time::sleep(WATCH_POLL).await;
+            }
+            if let Err(error) = self.step().await {
+                self.failed = true;
+                self.look_now = true;
+                return Err(error.into_lock_error(Some(&self.key)));
+            }
+        }
+    }
+
+    /// Waits for an announcement or the next poll, then looks.
+    async fn step(&mut self) -> Result<(), StoreError> {
+        if self.feed.is_none() {
+            let mut feed = self.store.release_feed().await?;
+            feed.watch(&self.key).await?;
+            self.feed = Some(feed);
+            // A release may have gone by unheard while there was no subscription.
+            self.look_now = true;
+        }
+        if !self.look_now
+            && let Some(feed) = self.feed.as_mut()
+        {
+            tokio::select! {
+                heard = feed.next_release() => match heard {
+                    Some(released) if released.key == self.key => self.heard(released.token),
+                    Some(_) => return Ok(()),
+                    None => {
+                        self.feed = None;
+                        return Ok(());
+                    }
+                },
+                () = tokio::time::sleep(WATCH_POLL) => {}
+            }
+        }
+        self.look_now = false;
+        let mut found = self.store.inspect(&self.key, None).await?;
+        if let Some(snapshot) = &found
+            && snapshot.kind == LockKind::Exclusive
+            && !snapshot.marked
+            && let Some((token, _)) = snapshot.holders.first()
+            && !self.held.contains(token)
+        {
+            // Marked as a waiter would: its release is announced, so the watch hears it.
+            let token = token.clone();
+            found = self.store.inspect(&self.key, Some(&token)).await?;
+        }
+        self.saw(found);
+        Ok(())
+    }
+
+    /// A release of `token` was announced.
+    fn heard(&mut self, token: String) {
+        self.look_now = true;
+        if token.is_empty() || self.reported.contains(&token) {
+            return;
+        }
+        if let Some(at) = self.held.iter().position(|held| *held == token) {
+            self.held.remove(at);
+            if self.held.is_empty() {
+                self.events.push_back(LockEvent::Released);
+            }
+        } else if self.held.is_empty() {
+            // A hold that began and ended between two looks.
+            self.events.push_back(LockEvent::Acquired {
+                token_hint: token_hint(&token),
+            });
+            self.events.push_back(LockEvent::Released);
+        } else {
+            // A shared holder never seen, leaving while others hold: the key stays held.
+            return;
+        }
+        self.remember(token);
+    }
+
+    /// A look found `found`.
+    fn saw(&mut self, found: Option<Snapshot>) {
+        let now: Vec<String> = found
+            .map(|snapshot| {
+                snapshot
+                    .holders
+                    .into_iter()
+                    .map(|(token, _)| token)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let now: Vec<String> = now
+            .into_iter()
+            .filter(|token| !self.reported.contains(token))
+            .collect();
+        if !self.held.is_empty() && !self.held.iter().any(|held| now.contains(held)) {
+            self.events.push_back(LockEvent::Released);
+            for token in std::mem::take(&mut self.held) {
+                self.remember(token);
+            }
+        }
+        for token in &now {
+            if !self.held.contains(token) {
+                self.events.push_back(LockEvent::Acquired {
+                    token_hint: token_hint(token),
+                });
+            }
+        }
+        self.held = now;
+    }
+
+    fn remember(&mut self, token: String) {
+        if self.reported.len() == REPORTED_MEMORY {
+            self.reported.pop_front();
+        }
+        self.reported.push_back(token);
+    }
+}

@@ -1,0 +1,610 @@
+//! How each deployment reads, lists and force-releases locks, for the inspection API
+//! (`crate::inspect`).
+//!
+//! A key is a lock only when it holds what the library writes ([`protocol`]): a string whose
+//! value is one of our tokens, or a hash with our `kind` field and live holders. Every read is
+//! one script (`scripts/inspect.lua`) on the master that owns the key, so what it reports is
+//! one atomic look; a forced release (`scripts/force_release.lua`) removes only what that look
+//! found, and announces it on the key's release channel so that waiters look again at once.
+//!
+//! Redis deployments (one server, Sentinel, Cluster) supply [`Commands`]: a command routed by
+//! key, and a command sent to each master in turn for `SCAN`. Redlock combines its masters'
+//! looks into the quorum's view; the in-memory store answers from its own state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{self, StreamExt};
+use redis::Value;
+
+use super::protocol::{self, Names};
+use super::redis::RedisStore;
+use super::redis::server::Server;
+use super::scripts;
+use super::{BoxFuture, StoreError};
+use crate::options::LockKind;
+
+/// Keys asked for per `SCAN` step, and so at most how many locks one page holds.
+pub(crate) const SCAN_COUNT: usize = 1000;
+
+/// Looks in flight at once while a page is read: the connection pipelines them.
+const LOOKS_IN_FLIGHT: usize = 64;
+
+/// What holds a lock key now, as the store read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub(crate) key: String,
+    pub(crate) kind: LockKind,
+    /// Each holder's token and time left.
+    pub(crate) holders: Vec<(String, Duration)>,
+    /// An exclusive lock whose value carries a waiter's mark: its release is announced.
+    pub(crate) marked: bool,
+    /// The key's fencing counter, if fencing was used on it.
+    pub(crate) fencing: Option<u64>,
+    /// Callers known to wait: see `LockInfo::waiters`.
+    pub(crate) waiters: usize,
+}
+
+/// Where a listing goes on: which master, and where on it (`""`: from the start).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cursor {
+    pub(crate) node: usize,
+    pub(crate) position: String,
+    /// The masters being scanned, found on the first page (a cluster's, by address).
+    pub(crate) nodes: Option<Arc<[String]>>,
+}
+
+/// One page of a listing.
+#[derive(Debug, Default)]
+pub(crate) struct Page {
+    pub(crate) locks: Vec<Snapshot>,
+    /// `None` once every master was scanned.
+    pub(crate) next: Option<Cursor>,
+}
+
+/// What a Redis deployment offers inspection: commands routed by key, and to each master.
+pub(crate) trait Commands: Send + Sync {
+    /// The names the deployment keeps beside its locks.
+    fn names(&self) -> &Names;
+
+    /// A cluster: names placed in the key's slot, sharded release channels.
+    fn is_cluster(&self) -> bool;
+
+    /// `cmd` on the master that owns `key`.
+    fn on_key<'a>(
+        &'a self,
+        key: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<Value, StoreError>>;
+
+    /// The masters that hold keys, each named for [`on_master`](Self::on_master).
+    fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
+
+    /// `cmd` on `master`, as named by [`masters`](Self::masters).
+    fn on_master<'a>(
+        &'a self,
+        master: &'a str,
+        cmd: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<Value, StoreError>>;
+}
+
+/// A name beside `key`, placed in its slot on a cluster.
+fn beside(
+    commands: &dyn Commands,
+    key: &str,
+    name: impl Fn(&str) -> String,
+) -> Result<String, StoreError> {
+    if commands.is_cluster() {
+        Ok(Names::in_slot(key, name(""))?)
+    } else {
+        Ok(name(key))
+    }
+}
+
+fn announce_mark(commands: &dyn Commands) -> &'static str {
+    if commands.is_cluster() { "sharded" } else { "" }
+}
+
+/// One atomic look at `key`; `mark`: an exclusive holder's token to mark as waited for, so
+/// that its release is announced.
+pub(crate) async fn look(
+    commands: &dyn Commands,
+    key: &str,
+    mark: Option<&str>,
+) -> Result<Option<Snapshot>, StoreError> {
+    let names = commands.names();
+    let mut cmd = scripts::evalsha_inspect();
+    cmd.arg(key)
+        .arg(beside(commands, key, |k| names.fencing_counter(k))?)
+        .arg(beside(commands, key, |k| names.queue_expiry(k))?)
+        .arg(beside(commands, key, |k| names.release_channel(k))?)
+        .arg(announce_mark(commands))
+        .arg(mark.unwrap_or_default());
+    let reply = commands.on_key(key, &cmd).await?;
+    Ok(read_look(key, reply))
+}
+
+/// What inspect.lua's reply means; `None` for a key that holds no lock of ours.
+fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
+    let Value::Array(fields) = reply else {
+        return None;
+    };
+    let mut fields = fields.into_iter();
+    let ktype = text(fields.next()?)?;
+    let fencing = text(fields.next()?)?.parse().ok();
+    let subscribers = int(fields.next()?)?;
+    let queued = int(fields.next()?)?;
+    let waiters = usize::try_from(subscribers.max(queued)).unwrap_or(0);
+    let (kind, holders, marked) = match ktype.as_str() {
+        "string" => {
+            let value = text(fields.next()?)?;
+            let left = protocol::remaining(int(fields.next()?)?).filter(|left| !left.is_zero())?;
+            let token = protocol::exclusive_holder(&value)?;
+            (
+                LockKind::Exclusive,
+                vec![(token.to_owned(), left)],
+                protocol::is_waited_for(&value),
+            )
+        }
+        "hash" => {
+            let kind = protocol::parse_shared_kind(&text(fields.next()?)?)?;
+            let mut holders = Vec::new();
+            while let (Some(token), Some(left)) = (fields.next(), fields.next()) {
+                let left = u64::try_from(int(left)?).ok()?;
+                holders.push((text(token)?, Duration::from_millis(left)));
+            }
+            (kind, holders, false)
+        }
+        _ => return None,
+    };
+    if holders.is_empty() {
+        return None;
+    }
+    Some(Snapshot {
+        key: key.to_owned(),
+        kind,
+        holders,
+        marked,
+        fencing,
+        waiters,
+    })
+}
+
+fn text(value: Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+        Value::SimpleString(text) | Value::VerbatimString { text, .. } => Some(text),
+        Value::Okay => Some("OK".to_owned()),
+        _ => None,
+    }
+}
+
+fn int(value: Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(n),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+/// Removes every holder of `key` and announces it: `true` when there was one. What is removed
+/// is what a look found just before, so a lock taken in between is never removed unseen.
+pub(crate) async fn force_release(commands: &dyn Commands, key: &str) -> Result<bool, StoreError> {
+    // The key may change hands between the look and the removal: look again, a few times.
+    for _ in 0..8 {
+        let Some(found) = look(commands, key, None).await? else {
+            return Ok(false);
+        };
+        let (kind, token) = match protocol::shared_kind_tag(found.kind) {
+            Some(tag) => (tag, String::new()),
+            None => (
+                "x".to_owned(),
+                found
+                    .holders
+                    .first()
+                    .map(|(token, _)| token.clone())
+                    .unwrap_or_default(),
+            ),
+        };
+        let mut cmd = scripts::evalsha_force_release();
+        cmd.arg(key)
+            .arg(beside(commands, key, |k| {
+                commands.names().release_channel(k)
+            })?)
+            .arg(announce_mark(commands))
+            .arg(kind)
+            .arg(token);
+        if int(commands.on_key(key, &cmd).await?).unwrap_or(0) > 0 {
+            return Ok(true);
+        }
+    }
+    Err(StoreError::unavailable(format!(
+        "`{key}` changed hands on every attempt to release it; try again"
+    )))
+}
+
+/// One page of the locks whose key starts with `prefix:` (`""`: every lock): one `SCAN` step
+/// on one master, each key found looked at (many at once, pipelined on the connection).
+pub(crate) async fn scan(
+    commands: &dyn Commands,
+    prefix: &str,
+    cursor: Cursor,
+) -> Result<Page, StoreError> {
+    let (keys, next) = scan_keys(commands, prefix, cursor).await?;
+    let looks: Vec<Result<Option<Snapshot>, StoreError>> = stream::iter(keys)
+        .map(|key| async move { look(commands, &key, None).await })
+        .buffered(LOOKS_IN_FLIGHT)
+        .collect()
+        .await;
+    let mut locks = Vec::new();
+    for found in looks {
+        locks.extend(found?);
+    }
+    Ok(Page { locks, next })
+}
+
+/// One `SCAN` step on `cursor`'s master: the keys that may be locks (internal names left out),
+/// and where to go on.
+async fn scan_keys(
+    commands: &dyn Commands,
+    prefix: &str,
+    mut cursor: Cursor,
+) -> Result<(Vec<String>, Option<Cursor>), StoreError> {
+    let nodes = match &cursor.nodes {
+        Some(nodes) => nodes.clone(),
+        None => {
+            if !commands.is_cluster() {
+                refuse_a_cluster_node(commands).await?;
+            }
+            let nodes: Arc<[String]> = commands.masters().await?.into();
+            cursor.nodes = Some(nodes.clone());
+            nodes
+        }
+    };
+    let Some(node) = nodes.get(cursor.node) else {
+        return Ok((Vec::new(), None));
+    };
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(if cursor.position.is_empty() {
+        "0"
+    } else {
+        &cursor.position
+    })
+    .arg("MATCH")
+    .arg(protocol::lock_pattern(prefix))
+    .arg("COUNT")
+    .arg(SCAN_COUNT);
+    let reply = commands.on_master(node, &cmd).await?;
+    let (position, found): (String, Vec<Vec<u8>>) =
+        redis::from_redis_value(reply).map_err(StoreError::unavailable)?;
+    let names = commands.names();
+    let keys = found
+        .into_iter()
+        .filter_map(|key| String::from_utf8(key).ok())
+        .filter(|key| !names.is_internal(key))
+        .collect();
+    if position == "0" {
+        cursor.node += 1;
+        cursor.position.clear();
+    } else {
+        cursor.position = position;
+    }
+    let next = (cursor.node < nodes.len()).then_some(cursor);
+    Ok((keys, next))
+}
+
+/// The masters that serve slots, as `host:port`, from a `CLUSTER NODES` reply.
+pub(crate) fn cluster_masters(nodes: &str) -> Vec<String> {
+    let mut masters: Vec<String> = nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            let serves_slots = fields.len() > 8;
+            let master = flags.split(',').any(|flag| flag == "master")
+                && !flags
+                    .split(',')
+                    .any(|flag| flag == "fail" || flag == "noaddr");
+            let address = fields.get(1)?.split(['@', ',']).next()?;
+            (master && serves_slots).then(|| address.to_owned())
+        })
+        .collect();
+    masters.sort();
+    masters
+}
+
+/// A cluster node taken for one server would list only its own share of the locks, as if that
+/// were all of them: refused, with what to do instead.
+async fn refuse_a_cluster_node(commands: &dyn Commands) -> Result<(), StoreError> {
+    let mut info = redis::cmd("INFO");
+    info.arg("cluster");
+    let reply = commands.on_master("", &info).await?;
+    let clustered = text(reply).is_some_and(|info| info.contains("cluster_enabled:1"));
+    if clustered {
+        return Err(StoreError::from(crate::error::LockError::Config {
+            message: "this server is a Redis Cluster node: list a cluster's locks through \
+                      `LockClient::cluster_builder` (the command line's `--cluster`)"
+                .to_owned(),
+        }));
+    }
+    Ok(())
+}
+
+/// Redlock: the quorum's view of `key`, from every master's look. A holder counts when a
+/// majority of the masters name it; its time left is the time until fewer than a majority do.
+pub(crate) async fn quorum_look(
+    masters: &[RedisStore<Server>],
+    key: &str,
+    mark: Option<&str>,
+) -> Result<Option<Snapshot>, StoreError> {
+    let looks = futures_util::future::join_all(
+        masters
+            .iter()
+            .map(|master| look(master as &dyn Commands, key, mark)),
+    )
+    .await;
+    quorum_view(key, looks)
+}
+
+fn quorum_view(
+    key: &str,
+    looks: Vec<Result<Option<Snapshot>, StoreError>>,
+) -> Result<Option<Snapshot>, StoreError> {
+    let quorum = looks.len() / 2 + 1;
+    let answered: Vec<Option<Snapshot>> = looks
+        .iter()
+        .filter_map(|l| l.as_ref().ok().cloned())
+        .collect();
+    if answered.len() < quorum {
+        return Err(looks
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or(StoreError::NoQuorum {
+                answered: answered.len(),
+                needed: quorum,
+            }));
+    }
+    let found: Vec<&Snapshot> = answered.iter().flatten().collect();
+    let Some(first) = found.first() else {
+        return Ok(None);
+    };
+    let mut holders: Vec<(String, Duration)> = Vec::new();
+    let mut tokens: Vec<&str> = found
+        .iter()
+        .flat_map(|snapshot| snapshot.holders.iter().map(|(token, _)| token.as_str()))
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    for token in tokens {
+        let mut lefts: Vec<Duration> = found
+            .iter()
+            .filter_map(|snapshot| {
+                snapshot
+                    .holders
+                    .iter()
+                    .find(|(held, _)| held == token)
+                    .map(|(_, left)| *left)
+            })
+            .collect();
+        if lefts.len() >= quorum {
+            lefts.sort_unstable_by_key(|left| std::cmp::Reverse(*left));
+            holders.push((token.to_owned(), lefts[quorum - 1]));
+        }
+    }
+    if holders.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Snapshot {
+        key: key.to_owned(),
+        kind: first.kind,
+        holders,
+        marked: found.iter().all(|snapshot| snapshot.marked),
+        // Fencing is refused on Redlock: no counter is the quorum's.
+        fencing: None,
+        waiters: known_to_a_majority(found.iter().map(|snapshot| snapshot.waiters), quorum),
+    }))
+}
+
+/// The most that a majority of the masters report: the quorum-th largest of the figures (the
+/// smallest when fewer report).
+fn known_to_a_majority(figures: impl Iterator<Item = usize>, quorum: usize) -> usize {
+    let mut figures: Vec<usize> = figures.collect();
+    figures.sort_unstable_by_key(|figure| std::cmp::Reverse(*figure));
+    figures
+        .get(quorum - 1)
+        .or(figures.last())
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Redlock: removes `key`'s holders on every master; `true` when any master had one.
+pub(crate) async fn quorum_force_release(
+    masters: &[RedisStore<Server>],
+    key: &str,
+) -> Result<bool, StoreError> {
+    let outcomes = futures_util::future::join_all(
+        masters
+            .iter()
+            .map(|master| force_release(master as &dyn Commands, key)),
+    )
+    .await;
+    let quorum = masters.len() / 2 + 1;
+    let answered = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+    if outcomes.iter().any(|outcome| matches!(outcome, Ok(true))) {
+        return Ok(true);
+    }
+    if answered < quorum {
+        return Err(outcomes
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or(StoreError::NoQuorum {
+                answered,
+                needed: quorum,
+            }));
+    }
+    Ok(false)
+}
+
+/// Redlock: one page of master `cursor.node`'s keys, each shown as the quorum sees it, and
+/// only from the first master that holds it (so no lock is listed once per master).
+pub(crate) async fn quorum_scan(
+    masters: &[RedisStore<Server>],
+    prefix: &str,
+    mut cursor: Cursor,
+) -> Result<Page, StoreError> {
+    let Some(master) = masters.get(cursor.node) else {
+        return Ok(Page::default());
+    };
+    let node = cursor.node;
+    // Each master is a deployment of one server: its own cursor within it.
+    let within = Cursor {
+        node: 0,
+        position: std::mem::take(&mut cursor.position),
+        nodes: None,
+    };
+    let (keys, next) = scan_keys(master as &dyn Commands, prefix, within).await?;
+    let looks: Vec<Result<Option<Snapshot>, StoreError>> = stream::iter(keys)
+        .map(|key| async move {
+            let key = key.as_str();
+            let looks = futures_util::future::join_all(
+                masters
+                    .iter()
+                    .map(|master| look(master as &dyn Commands, key, None)),
+            )
+            .await;
+            let listed_before = looks[..node]
+                .iter()
+                .any(|earlier| matches!(earlier, Ok(Some(_))));
+            if listed_before {
+                return Ok(None);
+            }
+            quorum_view(key, looks)
+        })
+        .buffered(LOOKS_IN_FLIGHT)
+        .collect()
+        .await;
+    let mut locks = Vec::new();
+    for found in looks {
+        locks.extend(found?);
+    }
+    let next = match next {
+        Some(within) => Some(Cursor {
+            node,
+            position: within.position,
+            nodes: None,
+        }),
+        None => (node + 1 < masters.len()).then(|| Cursor {
+            node: node + 1,
+            ..Cursor::default()
+        }),
+    };
+    Ok(Page { locks, next })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(holders: &[(&str, u64)]) -> Option<Snapshot> {
+        Some(Snapshot {
+            key: "k".to_owned(),
+            kind: LockKind::Exclusive,
+            holders: holders
+                .iter()
+                .map(|(token, ms)| ((*token).to_owned(), Duration::from_millis(*ms)))
+                .collect(),
+            marked: false,
+            fencing: None,
+            waiters: 0,
+        })
+    }
+
+    #[test]
+    fn cluster_masters_are_the_nodes_that_serve_slots() {
+        let nodes = "\
+a 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b 127.0.0.1:7002@17002,host master - 0 0 2 connected 5461-10922
+c 127.0.0.1:7003@17003 slave b 0 0 2 connected
+d 127.0.0.1:7004@17004 master,fail - 0 0 3 disconnected 10923-16383
+e 127.0.0.1:7005@17005 master - 0 0 4 connected
+";
+        assert_eq!(cluster_masters(nodes), ["127.0.0.1:7001", "127.0.0.1:7002"]);
+    }
+
+    #[test]
+    fn the_quorum_view_needs_a_majority_and_shows_its_time() {
+        let view = quorum_view(
+            "k",
+            vec![
+                Ok(snapshot(&[("a", 900)])),
+                Ok(snapshot(&[("a", 700)])),
+                Ok(None),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(view.holders, [("a".to_owned(), Duration::from_millis(700))]);
+
+        let minority = quorum_view("k", vec![Ok(snapshot(&[("a", 900)])), Ok(None), Ok(None)]);
+        assert_eq!(minority.unwrap(), None);
+
+        let split = quorum_view(
+            "k",
+            vec![
+                Ok(snapshot(&[("a", 900)])),
+                Ok(snapshot(&[("b", 900)])),
+                Ok(None),
+            ],
+        );
+        assert_eq!(split.unwrap(), None);
+
+        let down = quorum_view(
+            "k",
+            vec![
+                Ok(snapshot(&[("a", 900)])),
+                Err(StoreError::unavailable("down")),
+                Err(StoreError::unavailable("down")),
+            ],
+        );
+        assert!(down.is_err());
+    }
+
+    #[test]
+    fn only_what_the_library_writes_is_a_lock() {
+        let token = "0123456789abcdef0123456789abcdef";
+        let string = |value: &str, pttl: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"string".to_vec()),
+                Value::BulkString(b"".to_vec()),
+                Value::Int(0),
+                Value::Int(0),
+                Value::BulkString(value.as_bytes().to_vec()),
+                Value::Int(pttl),
+            ])
+        };
+        let held = read_look("k", string(&format!("{token}+"), 5000)).unwrap();
+        assert!(held.marked);
+        assert_eq!(held.holders[0].0, token);
+        assert_eq!(read_look("k", string("hello", 5000)), None);
+        assert_eq!(
+            read_look("k", string(token, -1)),
+            None,
+            "no expiry: not ours"
+        );
+        let hash = |kind: &str| {
+            Value::Array(vec![
+                Value::BulkString(b"hash".to_vec()),
+                Value::BulkString(b"12".to_vec()),
+                Value::Int(2),
+                Value::Int(3),
+                Value::BulkString(kind.as_bytes().to_vec()),
+                Value::BulkString(token.as_bytes().to_vec()),
+                Value::Int(400),
+            ])
+        };
+        let shared = read_look("k", hash("permits:2")).unwrap();
+        assert_eq!(shared.kind, LockKind::Permits(2));
+        assert_eq!(shared.fencing, Some(12));
+        assert_eq!(shared.waiters, 3);
+        assert_eq!(read_look("k", hash("")), None);
+    }
+}
