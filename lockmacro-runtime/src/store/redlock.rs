@@ -19,7 +19,7 @@
 //! - Fencing is refused: the largest counter over a quorum need not grow, since the next holder's
 //!   quorum may miss the master that counted the last token.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
@@ -33,7 +33,7 @@ use super::{
     AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, OwnedLease, ReleaseFeed,
     Released, Renewal, Settings, Store, StoreError,
 };
-use crate::clock;
+use crate::clock::{self, Backoff};
 use crate::error::LockError;
 
 /// A Redlock quorum.
@@ -265,21 +265,31 @@ impl Store for RedlockStore {
             let mut failure = None;
             for feed in opened {
                 match feed {
-                    Ok(feed) => feeds.push(feed),
-                    Err(error) => failure = Some(error),
+                    Ok(feed) => feeds.push(Some(feed)),
+                    Err(error) => {
+                        failure = Some(error);
+                        feeds.push(None);
+                    }
                 }
             }
             // One master's announcements are enough to wake waiters; none at all is a failure.
-            if feeds.is_empty() {
+            // The others are opened again in the background of the feed.
+            if feeds.iter().all(Option::is_none) {
                 return Err(failure.unwrap_or(StoreError::NoQuorum {
                     answered: 0,
                     needed: 1,
                 }));
             }
+            let down = feeds.iter().any(Option::is_none);
+            let mut reopen = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
             Ok(Box::new(QuorumFeed {
+                masters: self.masters.clone(),
                 feeds,
-                heard: VecDeque::new(),
-                seen: HashMap::new(),
+                watched: HashSet::new(),
+                reopen_at: down.then(|| Instant::now() + reopen.next_delay()),
+                reopen,
+                look_again: VecDeque::new(),
+                heard: HashMap::new(),
             }) as Box<dyn ReleaseFeed>)
         })
     }
@@ -432,59 +442,113 @@ impl HandsOver for RedlockStore {
     }
 }
 
-/// Release announcements from every master, one per release.
+/// Release announcements from every master, one per release. A master whose subscription is
+/// lost (restarted, unreachable) is subscribed again with backoff, while the others carry on;
+/// once it is back, the waiters of every watched key look again, since a release may have gone
+/// by unheard there (a waiter that split the masters with another hears their undo only from
+/// the masters it holds).
 struct QuorumFeed {
-    feeds: Vec<Box<dyn ReleaseFeed>>,
-    /// Releases heard lately, oldest first, to let their other announcements pass.
-    heard: VecDeque<(Released, Instant)>,
-    seen: HashMap<Released, usize>,
+    masters: Vec<RedisStore<Server>>,
+    /// One per master; `None` while its subscription is down.
+    feeds: Vec<Option<Box<dyn ReleaseFeed>>>,
+    /// The keys watched, to subscribe again on a master that comes back.
+    watched: HashSet<String>,
+    reopen: Backoff,
+    /// When to try the masters whose subscription is down.
+    reopen_at: Option<Instant>,
+    /// Keys whose waiters look again, reported as releases of no token.
+    look_again: VecDeque<String>,
+    /// Releases heard lately: when first, and from which masters (by index), to let the other
+    /// masters' announcements of the same release pass.
+    heard: HashMap<Released, (Instant, Vec<usize>)>,
 }
 
 impl QuorumFeed {
     /// How long the other masters' announcements of one release are expected to trail.
-    const ECHO: Duration = Duration::from_secs(5);
+    const ECHO: Duration = Duration::from_millis(250);
 
-    /// Whether `released` is news, not another master's announcement of a release heard already.
-    fn is_news(&mut self, released: Released) -> bool {
+    /// Whether `released`, heard from master `master`, is news rather than another master's
+    /// announcement of a release heard already. The same token can be released twice in a row
+    /// (a waiter keeps its token across attempts: the undo of a split attempt, then its real
+    /// release), so a master that announces it again announces a new release; and one heard
+    /// late counts as news: a look too many costs a round trip, a wake-up missed a lease.
+    fn is_news(&mut self, master: usize, released: Released) -> bool {
         let now = Instant::now();
-        while let Some((old, at)) = self.heard.front() {
-            if now.duration_since(*at) < Self::ECHO {
-                break;
+        self.heard
+            .retain(|_, (first, _)| now.duration_since(*first) < Self::ECHO);
+        match self.heard.get_mut(&released) {
+            Some((_, masters)) if !masters.contains(&master) => {
+                masters.push(master);
+                false
             }
-            if let Some(count) = self.seen.get_mut(old) {
-                *count -= 1;
-                if *count == 0 {
-                    self.seen.remove(old);
+            _ => {
+                self.heard.insert(released, (now, vec![master]));
+                true
+            }
+        }
+    }
+}
+
+impl QuorumFeed {
+    /// Subscribes again on every master whose subscription is down; tells the waiters of every
+    /// watched key to look again when one comes back.
+    async fn reopen_down(&mut self) {
+        let mut still_down = false;
+        for (master, slot) in self.masters.iter().zip(self.feeds.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            let opened = async {
+                let mut feed = master.release_feed().await?;
+                for key in &self.watched {
+                    feed.watch(key).await?;
+                }
+                Ok::<_, StoreError>(feed)
+            };
+            match opened.await {
+                Ok(feed) => *slot = Some(feed),
+                Err(error) => {
+                    tracing::debug!(error = %error, "a Redlock master's release subscription is still down");
+                    still_down = true;
                 }
             }
-            self.heard.pop_front();
         }
-        let count = self.seen.entry(released.clone()).or_insert(0);
-        *count += 1;
-        self.heard.push_back((released, now));
-        *count == 1
+        if still_down {
+            self.reopen_at = Some(Instant::now() + self.reopen.next_delay());
+        } else {
+            self.reopen.reset();
+        }
+        // Whether or not all are back: those that are may have missed releases.
+        self.look_again.extend(self.watched.iter().cloned());
     }
 }
 
 impl ReleaseFeed for QuorumFeed {
     fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let watched = join_all(self.feeds.iter_mut().map(|feed| feed.watch(key))).await;
+            self.watched.insert(key.to_owned());
+            let live = self.feeds.iter_mut().flatten();
+            let watched = join_all(live.map(|feed| feed.watch(key))).await;
             // One master that hears releases is enough; the lease-timed fallback covers the rest.
             if watched.iter().any(Result::is_ok) {
                 Ok(())
             } else {
-                watched
-                    .into_iter()
-                    .find_map(Result::err)
-                    .map_or(Ok(()), Err)
+                watched.into_iter().find_map(Result::err).map_or(
+                    Err(StoreError::NoQuorum {
+                        answered: 0,
+                        needed: 1,
+                    }),
+                    Err,
+                )
             }
         })
     }
 
     fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let unwatched = join_all(self.feeds.iter_mut().map(|feed| feed.unwatch(key))).await;
+            self.watched.remove(key);
+            let live = self.feeds.iter_mut().flatten();
+            let unwatched = join_all(live.map(|feed| feed.unwatch(key))).await;
             unwatched
                 .into_iter()
                 .find_map(Result::err)
@@ -495,18 +559,57 @@ impl ReleaseFeed for QuorumFeed {
     fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
         Box::pin(async move {
             loop {
-                let next = self.feeds.iter_mut().map(|feed| feed.next_release());
-                let (released, index, _) = select_all(next).await;
-                match released {
-                    Some(released) if self.is_news(released.clone()) => return Some(released),
-                    Some(_) => {}
-                    None => {
-                        // That master's subscription is gone; the others carry on, and with
-                        // none left the feed is reopened.
-                        drop(self.feeds.remove(index));
-                        if self.feeds.is_empty() {
-                            return None;
+                if let Some(key) = self.look_again.pop_front() {
+                    return Some(Released {
+                        key,
+                        token: String::new(),
+                    });
+                }
+                if self.feeds.iter().all(Option::is_none) {
+                    // No master left: the listener opens the whole feed again.
+                    return None;
+                }
+                let reopen_at = self.reopen_at;
+                let live = self
+                    .feeds
+                    .iter_mut()
+                    .enumerate()
+                    .filter_map(|(index, feed)| {
+                        let feed = feed.as_mut()?;
+                        Some(Box::pin(async move { (index, feed.next_release().await) }))
+                    });
+                let heard = select_all(live);
+                let reopen = async {
+                    match reopen_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let heard = tokio::select! {
+                    ((index, released), _, _) = heard => Some((index, released)),
+                    () = reopen => None,
+                };
+                match heard {
+                    Some((index, Some(released))) => {
+                        if self.is_news(index, released.clone()) {
+                            return Some(released);
                         }
+                    }
+                    Some((index, None)) => {
+                        // That master's subscription is gone: the others carry on, and it is
+                        // subscribed again with backoff.
+                        tracing::debug!(
+                            master = index,
+                            "a Redlock master's release subscription closed"
+                        );
+                        self.feeds[index] = None;
+                        if self.reopen_at.is_none() {
+                            self.reopen_at = Some(Instant::now() + self.reopen.next_delay());
+                        }
+                    }
+                    None => {
+                        self.reopen_at = None;
+                        self.reopen_down().await;
                     }
                 }
             }
