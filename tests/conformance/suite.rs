@@ -467,18 +467,20 @@ pub async fn each_reader_is_renewed_and_released_on_its_own(deployment: &impl De
     let locks = deployment.client().await;
     let read = opts(600).read().unlimited_renewals();
     let short = locks.acquire("shelf:2", read).await.unwrap();
+    let (entered, inside) = oneshot::channel();
     let long = tokio::spawn({
         let locks = locks.clone();
         async move {
             locks
                 .run_locked("shelf:2", read, async {
+                    entered.send(()).unwrap();
                     tokio::time::sleep(Duration::from_millis(2_000)).await;
                     LockContext::current().unwrap().renewals()
                 })
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    inside.await.unwrap();
     short.release().await.unwrap();
     let renewals = long
         .await
@@ -568,22 +570,26 @@ pub async fn a_waiting_writer_is_not_starved_by_readers(deployment: &impl Deploy
     let locks = deployment.client().await;
     let stop = Instant::now() + Duration::from_millis(2_500);
     let mut readers = tokio::task::JoinSet::new();
+    let (reading, mut read_once) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..4 {
-        let locks = locks.clone();
+        let (locks, reading) = (locks.clone(), reading.clone());
         readers.spawn(async move {
             while Instant::now() < stop {
                 let read = opts(5_000).read().wait(Duration::from_secs(5));
+                let reading = reading.clone();
                 let _ = locks
-                    .run_locked(
-                        "busy-shelf",
-                        read,
-                        tokio::time::sleep(Duration::from_millis(60)),
-                    )
+                    .run_locked("busy-shelf", read, async move {
+                        let _ = reading.send(());
+                        tokio::time::sleep(Duration::from_millis(60)).await;
+                    })
                     .await;
             }
         });
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The stream of readers runs: every reader has been in once.
+    for _ in 0..4 {
+        read_once.recv().await.unwrap();
+    }
     let started = Instant::now();
     let write = opts(5_000).write().wait(Duration::from_secs(5));
     let got_in = locks
@@ -648,17 +654,17 @@ pub async fn fair_waiters_are_served_in_arrival_order(deployment: &impl Deployme
     let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
     let mut waiters = tokio::task::JoinSet::new();
     for n in 0..4 {
-        let (locks, served) = (locks.clone(), served.clone());
+        let (waiter, served) = (locks.clone(), served.clone());
         waiters.spawn(async move {
-            locks
+            waiter
                 .run_locked("line:1", fair.wait(Duration::from_secs(20)), async move {
                     served.send(n).unwrap();
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 })
                 .await
         });
-        // Each waiter is in the queue before the next arrives.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Each waiter is in the queue (parked) before the next arrives.
+        parked(&locks, "line:1", n + 1).await;
     }
     holder.release().await.unwrap();
     let barging = locks.run_locked("line:1", fair, async {}).await;
