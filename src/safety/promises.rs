@@ -1,7 +1,7 @@
 //! What the contract promises under each fault, next to the checker that holds it to it.
 //!
 //! A figure is either *promised* to be zero for a deployment and fault (the runner fails when it
-//! is not) or only *documented* (measured and printed: the table in `docs/safety.md` says how
+//! is not) or only *documented* (measured and printed: the table in README.md, *Safety under faults*, says how
 //! large it came out). The split follows the README's "What it cannot do" and the deployments
 //! table of the design:
 //!
@@ -157,14 +157,10 @@ pub fn promise(deployment: Deployment, fault: Fault) -> Promise {
 /// table, but it does not fail the run. Each entry is a defect reported to the runtime's
 /// owners, with its reproduction; remove it once fixed.
 pub fn known_defect(deployment: Deployment, promise: &str) -> Option<&'static str> {
-    match (deployment, promise) {
-        (Deployment::Redlock(_), WAKE_UP) => Some(
-            "once a Redlock master has restarted, a waiter can sleep through every release \
-             of the key until its fallback timer (the holder's remaining lease) while other \
-             clients take the key and the key stands free; seen 10 s after the restart too",
-        ),
-        _ => None,
-    }
+    // None known: Redlock's missed wake-ups after a master restart were fixed (a lost master's
+    // subscription is reopened, and echoes are told from new releases per master).
+    let _ = (deployment, promise);
+    None
 }
 
 /// The name of the wake-up promise in [`known_defect`] and the checker's findings.
