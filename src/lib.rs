@@ -29,6 +29,7 @@ mod proxy;
 pub mod safety;
 mod sentinel;
 mod server;
+mod tls;
 
 pub use cluster::{Migration, RedisCluster};
 pub use deployment::{Cluster, Deployment, InMemory, Redlock, Sentinel, SingleRedis};
@@ -36,3 +37,4 @@ pub use fenced_storage::{applied_writes, fenced_read, fenced_write};
 pub use proxy::{Fault, FaultProxy};
 pub use sentinel::{RedisSentinel, SERVICE as SENTINEL_SERVICE};
 pub use server::RedisServer;
+pub use tls::{TlsCertificates, tls_server};

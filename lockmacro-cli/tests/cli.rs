@@ -2,13 +2,12 @@
 //! Redis, Sentinel, Cluster, Redlock, TLS with a private root), with locks taken by the library.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
-use testkit::{RedisCluster, RedisSentinel, RedisServer};
+use testkit::{RedisCluster, RedisSentinel, RedisServer, TlsCertificates, tls_server};
 
 fn lockmacro(urls: &[String], args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_lockmacro"));
@@ -506,127 +505,18 @@ async fn a_sentinel_url_reaches_the_master() {
 /// `rediss://` with a private root (`--tls-root`): verified, not skipped.
 #[tokio::test]
 async fn tls_with_a_private_root() {
-    let dir = std::env::temp_dir().join(format!("lockmacro-cli-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    make_certificates(&dir);
-    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-    let server = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        &path("server.crt"),
-        "--tls-key-file",
-        &path("server.key"),
-        "--tls-ca-cert-file",
-        &path("ca.crt"),
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let certificates = TlsCertificates::make("IP:127.0.0.1");
+    let (server, tls_port) = tls_server(&certificates);
     let locks = built(LockClient::builder(&server.url())).await;
     let held = locks.acquire("secure:1", opts(30_000)).await.unwrap();
     let url = one(format!("rediss://127.0.0.1:{tls_port}"));
 
     let untrusted = lockmacro(&url, &["inspect", "secure:1"]);
     assert_eq!(untrusted.status.code(), Some(1), "{}", stderr(&untrusted));
-    let trusted = lockmacro(
-        &url,
-        &[
-            "--tls-root",
-            &path("ca.crt"),
-            "inspect",
-            "secure:1",
-            "--json",
-        ],
-    );
+    let ca = certificates.path("ca.crt");
+    let trusted = lockmacro(&url, &["--tls-root", &ca, "inspect", "secure:1", "--json"]);
     assert_eq!(
         json(&trusted)["holders"][0]["token_hint"],
         &held.token()[..4]
     );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A CA and a server certificate for 127.0.0.1 it signed, with the system's `openssl`.
-fn make_certificates(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let output = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    openssl(
-        &[
-            &["req", "-x509"][..],
-            &ec,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=lockmacro CLI test CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        ]
-        .concat(),
-    );
-    openssl(
-        &[
-            &["req"][..],
-            &ec,
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=lockmacro CLI test server",
-            ],
-        ]
-        .concat(),
-    );
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
 }
