@@ -38,3 +38,15 @@ pub use proxy::{Fault, FaultProxy};
 pub use sentinel::{RedisSentinel, SERVICE as SENTINEL_SERVICE};
 pub use server::RedisServer;
 pub use tls::{TlsCertificates, tls_server};
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the one clock a test, its worker processes and a safety
+/// campaign share, so intervals recorded in different processes compare directly.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{
     Worker, acquire_when_free, assert_clean, client_for, fast_client, fenced_write, get, key_gone,
-    monotonic_ns, opts, pttl,
+    opts, pttl,
 };
-use testkit::RedisServer;
+use testkit::{RedisServer, monotonic_ns};
 
 /// A killed holder announces nothing: its key must stay ours-to-nobody until Redis expires it
 /// (no earlier than the PTTL it had at the kill), and another process gets it within ttl plus
@@ -93,7 +93,7 @@ async fn sigstopped_holder_process_is_not_polled_after_resume_and_its_stale_writ
         .filter(|line| {
             line.split_whitespace()
                 .nth(2)
-                .and_then(|ns| ns.parse::<u128>().ok())
+                .and_then(|ns| ns.parse::<u64>().ok())
                 .is_some_and(|ns| ns >= resumed_ns)
         })
         .collect();
@@ -102,7 +102,7 @@ async fn sigstopped_holder_process_is_not_polled_after_resume_and_its_stale_writ
         "the frozen holder's work ran again after SIGCONT: {polled_after_resume:?}"
     );
     assert!(outcome.ends_with(" lost"), "{outcome}");
-    let outcome_ns: u128 = outcome.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let outcome_ns: u64 = outcome.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert_eq!(
         worker.next_line(Duration::from_secs(3)).as_deref(),
         Some("stale-write rejected"),

@@ -23,16 +23,7 @@ use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
 use redis::AsyncCommands;
-
-fn monotonic_ns() -> u128 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec to write into.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u128 * 1_000_000_000 + now.tv_nsec as u128
-}
+use testkit::monotonic_ns;
 
 #[tokio::main]
 async fn main() {

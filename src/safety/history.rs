@@ -7,16 +7,7 @@
 
 use std::fmt;
 
-/// The machine's monotonic clock in nanoseconds, the one time base of a campaign.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec to write into.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
-}
+pub use crate::monotonic_ns;
 
 /// How a locked call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

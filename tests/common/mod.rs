@@ -58,18 +58,6 @@ pub async fn key_gone(server: &RedisServer, key: &str, within: Duration) -> Dura
 
 // ---- Fault, load and abuse helpers (tests/fault_*.rs, tests/soak.rs, tests/abuse.rs, tests/tls_acl.rs) ----
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the one clock the test and its worker processes share, so
-/// intervals recorded in different processes can be compared for overlap.
-pub fn monotonic_ns() -> u128 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec to write into.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u128 * 1_000_000_000 + now.tv_nsec as u128
-}
-
 /// Sends the instant it is dropped: put it inside locked work to learn when the work was dropped.
 pub struct DropClock(Option<std::sync::mpsc::Sender<Instant>>);
 
