@@ -1115,7 +1115,8 @@ pub async fn force_release_keeps_the_fair_queue_in_order(deployment: &impl Deplo
     let mut seen = Vec::new();
     for _ in 0..3 {
         seen.push(
-            tokio::time::timeout(Duration::from_secs(10), order.recv())
+            // Within the waiters' own wait.
+            tokio::time::timeout(Duration::from_secs(20), order.recv())
                 .await
                 .expect("every waiter is served")
                 .unwrap(),
