@@ -235,10 +235,11 @@ pub(crate) async fn scan(
         .buffered(LOOKS_IN_FLIGHT)
         .collect()
         .await;
-    let mut locks = Vec::new();
-    for found in looks {
-        locks.extend(found?);
-    }
+    // The locks found, or the first failure.
+    let locks = looks
+        .into_iter()
+        .filter_map(Result::transpose)
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Page { locks, next })
 }
 
@@ -482,10 +483,11 @@ pub(crate) async fn quorum_scan(
         .buffered(LOOKS_IN_FLIGHT)
         .collect()
         .await;
-    let mut locks = Vec::new();
-    for found in looks {
-        locks.extend(found?);
-    }
+    // The locks found, or the first failure.
+    let locks = looks
+        .into_iter()
+        .filter_map(Result::transpose)
+        .collect::<Result<Vec<_>, _>>()?;
     let next = match next {
         Some(within) => Some(Cursor {
             node,
