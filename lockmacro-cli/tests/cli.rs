@@ -203,7 +203,8 @@ async fn list_shows_locks_only_never_plain_keys_or_internal_names() {
 
     let plain = lockmacro(&url, &["inspect", "orders:plain"]);
     assert_fails_with(&plain, "not held");
-    let fence = lockmacro(&url, &["inspect", "lockmacro:fence:orders:1"]);
+    let counter = lockmacro_runtime::protocol::Names::default().fencing_counter("orders:1");
+    let fence = lockmacro(&url, &["inspect", &counter]);
     assert_fails_with(&fence, "not held");
 }
 

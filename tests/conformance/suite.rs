@@ -1027,7 +1027,8 @@ pub async fn list_shows_every_lock_under_a_prefix_once(deployment: &impl Deploym
         "{:?}",
         all.iter().map(|l| l.key()).collect::<Vec<_>>()
     );
-    assert!(all.iter().all(|lock| !lock.key().starts_with("lockmacro:")));
+    let names = lockmacro_runtime::protocol::Names::default();
+    assert!(all.iter().all(|lock| !names.is_internal(lock.key())));
     let none: Vec<lockmacro_runtime::LockInfo> = locks.list("nothing").try_collect().await.unwrap();
     assert!(none.is_empty());
     for lease in held {
