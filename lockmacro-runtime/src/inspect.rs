@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use futures_util::stream::{self, Stream};
 
 use crate::client::LockClient;
@@ -172,7 +173,7 @@ impl LockClient {
         let key = check_key(key.to_owned())?;
         let found = self
             .inspection()
-            .inspect(&key, None)
+            .inspect(&key)
             .await
             .map_err(|error| error.into_lock_error(Some(&key)))?;
         Ok(found.map(LockInfo::from_snapshot))
@@ -260,12 +261,13 @@ impl LockClient {
 
     /// Follows `key`: [`LockEvent::Acquired`] when a holder takes it, [`LockEvent::Released`]
     /// when it becomes free (released, expired or forced); a waiter arriving or leaving is no
-    /// event. Driven by the key's release announcements (the watch marks each holder it sees,
-    /// as a waiter does, so that its release is announced), with a look every [`WATCH_POLL`]
+    /// event. Driven by the key's release announcements (every release of a key somebody
+    /// listens to is announced, so a watch hears each one), with a look every [`WATCH_POLL`]
     /// for expiries and new holders of a free key. A holder replaced between two looks is
     /// reported as `Released` then `Acquired`, and an announced release of a holder never seen
-    /// as `Acquired` then `Released`; a hold that starts and ends unannounced between two looks
-    /// (no waiter, a release within one poll) is not seen.
+    /// as `Acquired` then `Released`: no hold that ends in a release is missed, however short.
+    /// Only a hold that nobody releases (its process died) and that expires less than
+    /// [`WATCH_POLL`] after it began can fall between two looks unseen.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
@@ -371,16 +373,33 @@ impl Watcher {
             }
         }
         self.look_now = false;
-        let mut found = self.store.inspect(&self.key, None).await?;
-        if let Some(snapshot) = &found
-            && snapshot.kind == LockKind::Exclusive
-            && !snapshot.marked
-            && let Some((token, _)) = snapshot.holders.first()
-            && !self.held.contains(token)
-        {
-            // Marked as a waiter would: its release is announced, so the watch hears it.
-            let token = token.clone();
-            found = self.store.inspect(&self.key, Some(&token)).await?;
+        let found = self.store.inspect(&self.key).await?;
+        let news = found.as_ref().is_some_and(|snapshot| {
+            snapshot
+                .holders
+                .iter()
+                .any(|(token, _)| !self.held.contains(token) && !self.reported.contains(token))
+        });
+        if news && let Some(feed) = self.feed.as_mut() {
+            // A holder the watch has not seen: the announcements of the holds that ended before
+            // it may still be on their way. Hear them first, so the events keep their order.
+            feed.settle(&self.key).await?;
+            let mut heard = Vec::new();
+            let gone = loop {
+                match feed.next_release().now_or_never() {
+                    Some(Some(released)) => heard.push(released),
+                    Some(None) => break true,
+                    None => break false,
+                }
+            };
+            if gone {
+                self.feed = None;
+            }
+            for released in heard {
+                if released.key == self.key {
+                    self.heard(released.token);
+                }
+            }
         }
         self.saw(found);
         Ok(())

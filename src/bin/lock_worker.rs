@@ -71,8 +71,20 @@ async fn count(url: &str, key: &str, tasks: u64, increments: u64) {
             let counter = format!("{key}:counter");
             let mut intervals = Vec::new();
             for step in 0..increments {
-                let interval = locks
-                    .run_locked(key.clone(), options, async {
+                // Taking the lock may fail for want of servers (a quorum's masters too slow to
+                // answer on a loaded machine): the body has not run, so try again, as a user
+                // would. Once taken, the increment must go through under the lease.
+                let lease = loop {
+                    match locks.acquire(key.clone(), options).await {
+                        Ok(lease) => break lease,
+                        Err(error @ (LockError::NoQuorum { .. } | LockError::Redis { .. })) => {
+                            eprintln!("acquire failed, trying again: {error}");
+                        }
+                        Err(error) => panic!("acquire: {error}"),
+                    }
+                };
+                let interval = lease
+                    .run(async {
                         let start = monotonic_ns();
                         let n: Option<u64> = conn.get(&counter).await.expect("GET");
                         tokio::time::sleep(Duration::from_micros((task * 7 + step * 13) % 500))
@@ -82,6 +94,9 @@ async fn count(url: &str, key: &str, tasks: u64, increments: u64) {
                     })
                     .await
                     .expect("locked increment");
+                if let Err(error) = lease.release().await {
+                    eprintln!("release not confirmed (retried in the background): {error}");
+                }
                 intervals.push(interval);
             }
             intervals

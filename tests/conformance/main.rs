@@ -44,6 +44,7 @@ macro_rules! conformance {
                 force_release_wakes_the_waiter_and_the_holder_loses,
                 force_release_keeps_the_fair_queue_in_order,
                 watch_reports_every_holder_and_release,
+                watch_sees_holds_shorter_than_its_poll,
             );
         }
     };

@@ -1202,3 +1202,89 @@ pub async fn watch_reports_every_holder_and_release(deployment: &impl Deployment
     assert_eq!(next_event(&mut events).await, LockEvent::Released);
     drop(lapsing);
 }
+
+/// Issue 28's regression: `watch` reports every hold that ends in a release, even one that
+/// begins and ends between two of its looks with nobody waiting for the key.
+pub async fn watch_sees_holds_shorter_than_its_poll(deployment: &impl Deployment) {
+    use futures_util::StreamExt;
+    use lockmacro_runtime::LockEvent;
+    let locks = deployment.client().await;
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let mut stream = locks.watch("watched:2");
+    let watch = tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            if events_tx.send(event).is_err() {
+                break;
+            }
+        }
+    });
+    // The watch listens once it is subscribed to the key's releases, as a waiter would be.
+    deployment.waiter_subscribed("watched:2").await;
+    let other = deployment.another_client().await;
+    let mut hints = Vec::new();
+    for hold in 0..10 {
+        let client = if hold % 2 == 0 { &locks } else { &other };
+        let lease = client.acquire("watched:2", opts(30_000)).await.unwrap();
+        hints.push(hint(lease.token()));
+        lease.release().await.unwrap();
+    }
+    async fn next(
+        events: &mut tokio::sync::mpsc::UnboundedReceiver<Result<LockEvent, LockError>>,
+    ) -> LockEvent {
+        tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("the watch goes on")
+            .expect("the watch reads the key")
+    }
+    for expected in hints {
+        assert_eq!(
+            next(&mut events).await,
+            LockEvent::Acquired {
+                token_hint: expected
+            },
+            "every short hold is reported"
+        );
+        assert_eq!(next(&mut events).await, LockEvent::Released);
+    }
+
+    // Waiters of one client, each holding briefly: where the deployment hands the lock from
+    // one to the next inside the client, a watch still sees every holder.
+    let first = locks.acquire("watched:2", opts(30_000)).await.unwrap();
+    let holders = Arc::new(std::sync::Mutex::new(vec![hint(first.token())]));
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let locks = locks.clone();
+            let holders = holders.clone();
+            tokio::spawn(async move {
+                locks
+                    .run_locked(
+                        "watched:2",
+                        opts(30_000).wait(Duration::from_secs(20)),
+                        async move {
+                            let token = LockContext::current().unwrap().token().to_owned();
+                            holders.lock().unwrap().push(hint(&token));
+                        },
+                    )
+                    .await
+            })
+        })
+        .collect();
+    parked(&locks, "watched:2", 4).await;
+    first.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().unwrap();
+    }
+    let holders = holders.lock().unwrap().clone();
+    for expected in holders {
+        assert_eq!(
+            next(&mut events).await,
+            LockEvent::Acquired {
+                token_hint: expected
+            },
+            "every holder a hand-over passes the lock to is reported"
+        );
+        assert_eq!(next(&mut events).await, LockEvent::Released);
+    }
+    watch.abort();
+}

@@ -37,8 +37,6 @@ pub(crate) struct Snapshot {
     pub(crate) kind: LockKind,
     /// Each holder's token and time left.
     pub(crate) holders: Vec<(String, Duration)>,
-    /// An exclusive lock whose value carries a waiter's mark: its release is announced.
-    pub(crate) marked: bool,
     /// The key's fencing counter, if fencing was used on it.
     pub(crate) fencing: Option<u64>,
     /// Callers known to wait: see `LockInfo::waiters`.
@@ -105,12 +103,10 @@ fn announce_mark(commands: &dyn Commands) -> &'static str {
     if commands.is_cluster() { "sharded" } else { "" }
 }
 
-/// One atomic look at `key`; `mark`: an exclusive holder's token to mark as waited for, so
-/// that its release is announced.
+/// One atomic look at `key`.
 pub(crate) async fn look(
     commands: &dyn Commands,
     key: &str,
-    mark: Option<&str>,
 ) -> Result<Option<Snapshot>, StoreError> {
     let names = commands.names();
     let mut cmd = scripts::evalsha_inspect();
@@ -118,8 +114,7 @@ pub(crate) async fn look(
         .arg(beside(commands, key, |k| names.fencing_counter(k))?)
         .arg(beside(commands, key, |k| names.queue_expiry(k))?)
         .arg(beside(commands, key, |k| names.release_channel(k))?)
-        .arg(announce_mark(commands))
-        .arg(mark.unwrap_or_default());
+        .arg(announce_mark(commands));
     let reply = commands.on_key(key, &cmd).await?;
     Ok(read_look(key, reply))
 }
@@ -135,16 +130,12 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
     let subscribers = int(fields.next()?)?;
     let queued = int(fields.next()?)?;
     let waiters = usize::try_from(subscribers.max(queued)).unwrap_or(0);
-    let (kind, holders, marked) = match ktype.as_str() {
+    let (kind, holders) = match ktype.as_str() {
         "string" => {
             let value = text(fields.next()?)?;
             let left = protocol::remaining(int(fields.next()?)?).filter(|left| !left.is_zero())?;
             let token = protocol::exclusive_holder(&value)?;
-            (
-                LockKind::Exclusive,
-                vec![(token.to_owned(), left)],
-                protocol::is_waited_for(&value),
-            )
+            (LockKind::Exclusive, vec![(token.to_owned(), left)])
         }
         "hash" => {
             let kind = protocol::parse_shared_kind(&text(fields.next()?)?)?;
@@ -153,7 +144,7 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
                 let left = u64::try_from(int(left)?).ok()?;
                 holders.push((text(token)?, Duration::from_millis(left)));
             }
-            (kind, holders, false)
+            (kind, holders)
         }
         _ => return None,
     };
@@ -164,7 +155,6 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
         key: key.to_owned(),
         kind,
         holders,
-        marked,
         fencing,
         waiters,
     })
@@ -191,7 +181,7 @@ fn int(value: Value) -> Option<i64> {
 pub(crate) async fn force_release(commands: &dyn Commands, key: &str) -> Result<bool, StoreError> {
     // The key may change hands between the look and the removal: look again, a few times.
     for _ in 0..8 {
-        let Some(found) = look(commands, key, None).await? else {
+        let Some(found) = look(commands, key).await? else {
             return Ok(false);
         };
         let (kind, token) = match protocol::shared_kind_tag(found.kind) {
@@ -231,7 +221,7 @@ pub(crate) async fn scan(
 ) -> Result<Page, StoreError> {
     let (keys, next) = scan_keys(commands, prefix, cursor).await?;
     let looks: Vec<Result<Option<Snapshot>, StoreError>> = stream::iter(keys)
-        .map(|key| async move { look(commands, &key, None).await })
+        .map(|key| async move { look(commands, &key).await })
         .buffered(LOOKS_IN_FLIGHT)
         .collect()
         .await;
@@ -335,12 +325,11 @@ async fn refuse_a_cluster_node(commands: &dyn Commands) -> Result<(), StoreError
 pub(crate) async fn quorum_look(
     masters: &[RedisStore<Server>],
     key: &str,
-    mark: Option<&str>,
 ) -> Result<Option<Snapshot>, StoreError> {
     let looks = futures_util::future::join_all(
         masters
             .iter()
-            .map(|master| look(master as &dyn Commands, key, mark)),
+            .map(|master| look(master as &dyn Commands, key)),
     )
     .await;
     quorum_view(key, looks)
@@ -398,7 +387,6 @@ fn quorum_view(
         key: key.to_owned(),
         kind: first.kind,
         holders,
-        marked: found.iter().all(|snapshot| snapshot.marked),
         // Fencing is refused on Redlock: no counter is the quorum's.
         fencing: None,
         waiters: known_to_a_majority(found.iter().map(|snapshot| snapshot.waiters), quorum),
@@ -469,7 +457,7 @@ pub(crate) async fn quorum_scan(
             let looks = futures_util::future::join_all(
                 masters
                     .iter()
-                    .map(|master| look(master as &dyn Commands, key, None)),
+                    .map(|master| look(master as &dyn Commands, key)),
             )
             .await;
             let listed_before = looks[..node]
@@ -514,7 +502,6 @@ mod tests {
                 .iter()
                 .map(|(token, ms)| ((*token).to_owned(), Duration::from_millis(*ms)))
                 .collect(),
-            marked: false,
             fencing: None,
             waiters: 0,
         })
@@ -584,8 +571,10 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
             ])
         };
         let held = read_look("k", string(&format!("{token}+"), 5000)).unwrap();
-        assert!(held.marked);
-        assert_eq!(held.holders[0].0, token);
+        assert_eq!(
+            held.holders[0].0, token,
+            "a waiter's mark is no part of the token"
+        );
         assert_eq!(read_look("k", string("hello", 5000)), None);
         assert_eq!(
             read_look("k", string(token, -1)),

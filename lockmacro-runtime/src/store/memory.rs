@@ -3,8 +3,8 @@
 //!
 //! It keeps Redis's semantics, not a toy's: a lease is a key with a token and an expiry, taken
 //! only when free, extended only while it holds our token, released by compare-and-delete with
-//! an announcement when a waiter marked it (as the scripts do, so that a waiting defect that
-//! depends on the mark shows here too), expiring silently (as Redis keys do) when its time is
+//! an announcement when a waiter marked it or someone listens for its releases (as the scripts
+//! do), expiring silently (as Redis keys do) when its time is
 //! up. Fencing tokens follow the clock floor of `protocol::fencing_floor`, as Redis's do. Time is tokio's
 //! clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
 //! milliseconds. [`MemoryHooks`] provokes what is rare against a real Redis.
@@ -67,8 +67,8 @@ enum Held {
     Exclusive {
         token: String,
         expires: Instant,
-        /// A caller that waits found it busy (Redis's value carries the waited mark): only
-        /// then is its release announced, as in Redis.
+        /// A caller that waits found it busy (Redis's value carries the waited mark): then
+        /// its release is announced, as in Redis, even when nobody listens any more.
         waited: bool,
     },
     Shared {
@@ -121,31 +121,19 @@ impl Data {
         self.locks.get_mut(key)
     }
 
-    /// What `key` holds now, as inspection reports it; `mark`: an exclusive holder's token to
-    /// mark as waited for, as inspect.lua does, so that its release is announced.
-    fn snapshot(&mut self, key: &str, mark: Option<&str>, now: Instant) -> Option<Snapshot> {
-        let (kind, holders, marked) = match self.live(key, now)? {
-            Held::Exclusive {
-                token,
-                expires,
-                waited,
-            } => {
-                if mark == Some(token.as_str()) {
-                    *waited = true;
-                }
-                (
-                    LockKind::Exclusive,
-                    vec![(token.clone(), expires.saturating_duration_since(now))],
-                    *waited,
-                )
-            }
+    /// What `key` holds now, as inspection reports it.
+    fn snapshot(&mut self, key: &str, now: Instant) -> Option<Snapshot> {
+        let (kind, holders) = match self.live(key, now)? {
+            Held::Exclusive { token, expires, .. } => (
+                LockKind::Exclusive,
+                vec![(token.clone(), expires.saturating_duration_since(now))],
+            ),
             Held::Shared { kind, holders } => (
                 *kind,
                 holders
                     .iter()
                     .map(|(token, expires)| (token.clone(), expires.saturating_duration_since(now)))
                     .collect(),
-                false,
             ),
         };
         let queued = self.queues.get(key).map_or(0, |queue| {
@@ -156,7 +144,6 @@ impl Data {
             key: key.to_owned(),
             kind,
             holders,
-            marked,
             fencing: self.fences.get(key).copied(),
             waiters: listeners.max(queued),
         })
@@ -381,7 +368,7 @@ impl Store for MemoryStore {
         Box::pin(async move {
             self.injected_failure()?;
             // (ours, announced): as the release script, an exclusive lock's release is announced
-            // only when a waiter marked it; a shared holder's always.
+            // only when a waiter marked it or someone listens for it; a shared holder's always.
             let (ours, announced) = {
                 let mut data = self.data();
                 let now = Instant::now();
@@ -389,7 +376,7 @@ impl Store for MemoryStore {
                     Some(held @ Held::Exclusive { .. }) if held.held_by(lease.token, now) => {
                         let waited = matches!(held, Held::Exclusive { waited: true, .. });
                         data.locks.remove(lease.key);
-                        (true, waited)
+                        (true, waited || data.listeners.contains_key(lease.key))
                     }
                     Some(Held::Shared { holders, .. }) => {
                         let ours = holders.remove(lease.token).is_some();
@@ -422,12 +409,8 @@ impl Store for MemoryStore {
         Box::pin(async { Ok(()) })
     }
 
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-        mark: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
-        Box::pin(async move { Ok(self.data().snapshot(key, mark, Instant::now())) })
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(async move { Ok(self.data().snapshot(key, Instant::now())) })
     }
 
     fn scan<'a>(
@@ -460,7 +443,7 @@ impl Store for MemoryStore {
             });
             let locks = keys
                 .iter()
-                .filter_map(|key| data.snapshot(key, None, now))
+                .filter_map(|key| data.snapshot(key, now))
                 .collect();
             Ok(Page { locks, next })
         })
@@ -519,6 +502,11 @@ impl ReleaseFeed for MemoryFeed {
             }
             Ok(())
         })
+    }
+
+    fn settle<'a>(&'a mut self, _key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        // A release is sent to every feed before it returns: nothing is in flight.
+        Box::pin(async { Ok(()) })
     }
 
     fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {

@@ -79,13 +79,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Opens (or checks) the current runtime's connections, so the first real call pays nothing.
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    /// What holds `key` now (`None`: no lock of ours). `mark`: an exclusive holder's token to
-    /// mark as waited for, so that its release is announced ([`inspect`]).
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-        mark: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>>;
+    /// What holds `key` now (`None`: no lock of ours), changing nothing ([`inspect`]).
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>>;
 
     /// One page of the locks whose key starts with `prefix:` (`""`: every lock).
     fn scan<'a>(
@@ -108,6 +103,11 @@ pub(crate) trait ReleaseFeed: Send {
 
     /// The next release heard; `None` once the feed is gone (then open a new one).
     fn next_release(&mut self) -> BoxFuture<'_, Option<Released>>;
+
+    /// Returns once every release of `key` announced before the call is in this feed: a round
+    /// trip through the subscription's own connection, which delivers in order. A look at the
+    /// key followed by this tells which releases the look came after.
+    fn settle<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 /// One release announcement: the key, and the token of the lease that was released (so the

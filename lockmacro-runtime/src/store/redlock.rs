@@ -294,12 +294,8 @@ impl Store for RedlockStore {
         })
     }
 
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-        mark: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
-        Box::pin(inspect::quorum_look(&self.masters, key, mark))
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(inspect::quorum_look(&self.masters, key))
     }
 
     fn scan<'a>(
@@ -550,6 +546,17 @@ impl ReleaseFeed for QuorumFeed {
             let live = self.feeds.iter_mut().flatten();
             let unwatched = join_all(live.map(|feed| feed.unwatch(key))).await;
             unwatched
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), Err)
+        })
+    }
+
+    fn settle<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let live = self.feeds.iter_mut().flatten();
+            let settled = join_all(live.map(|feed| feed.settle(key))).await;
+            settled
                 .into_iter()
                 .find_map(Result::err)
                 .map_or(Ok(()), Err)

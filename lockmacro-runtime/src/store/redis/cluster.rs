@@ -258,6 +258,20 @@ impl ReleaseFeed for ShardedFeed {
         })
     }
 
+    fn settle<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            // To the node whose shard channel carries the key's releases.
+            let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                Route::with_key(key, SlotAddr::Master),
+            ));
+            let ping = self
+                .connection
+                .route_command(redis::cmd("PING").clone(), node);
+            bounded(self.response_timeout, ping).await?;
+            Ok(())
+        })
+    }
+
     fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
         Box::pin(async move {
             loop {

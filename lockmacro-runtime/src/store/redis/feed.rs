@@ -48,6 +48,13 @@ impl ReleaseFeed for PubSubFeed {
         ))
     }
 
+    fn settle<'a>(&'a mut self, _key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            bounded(self.response_timeout, self.sink.ping::<redis::Value>()).await?;
+            Ok(())
+        })
+    }
+
     fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
         Box::pin(async move {
             loop {

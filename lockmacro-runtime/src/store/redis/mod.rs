@@ -470,12 +470,8 @@ impl<T: Transport> Store for RedisStore<T> {
         self.transport.release_feed()
     }
 
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-        mark: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
-        Box::pin(inspect::look(self, key, mark))
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
+        Box::pin(inspect::look(self, key))
     }
 
     fn scan<'a>(

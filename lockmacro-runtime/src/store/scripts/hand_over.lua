@@ -1,9 +1,10 @@
 -- Pass an exclusive lock straight to the next holder, a waiter of the same client: while the
 -- key still holds our token, it gets the next holder's token and ttl, with no moment free and
 -- nothing announced. A waiter's mark stays on the key (the next holder's token followed by
--- '+'): whoever marked it still waits, and the next release must be announced to it. When a waiter marked the key (our token followed by '+', see acquire.lua)
--- and another client is subscribed to the key's releases (one of its callers waits too), the
--- lock is released and announced instead, so a busy client cannot keep a key to itself.
+-- '+'): whoever marked it still waits, and the next release must be announced to it. When
+-- another client is subscribed to the key's releases (one of its callers waits, or a watch
+-- follows the key), the lock is released and announced instead, so a busy client cannot keep
+-- a key to itself and a watch sees every holder.
 -- KEYS[1] = lock key; KEYS[2] = the release channel (a key here, so that a cluster refuses a
 -- channel outside the key's slot); ARGV[1] = our token; ARGV[2] = the next holder's token;
 -- ARGV[3] = its ttl in ms; ARGV[4] = 'sharded' for a cluster's sharded channel (counted by
@@ -13,19 +14,19 @@
 local key, token = KEYS[1], ARGV[1]
 local holder = redis.pcall('GET', key)
 local next_value = ARGV[2]
+if holder ~= token and holder ~= token .. '+' then
+  return 0
+end
+-- Our own client's subscription is one; any other is another client waiting or watching. A
+-- user the ACL does not allow to count subscribers gets a plain release and announcement.
+local sharded = ARGV[4] == 'sharded'
+local subscribers = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
+if subscribers.err or subscribers[2] > 1 then
+  redis.call('DEL', key)
+  redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], token)
+  return 2
+end
 if holder ~= token then
-  if holder ~= token .. '+' then
-    return 0
-  end
-  -- Our own client's subscription is one; any other is another client waiting. A user the
-  -- ACL does not allow to count subscribers gets a plain release and announcement.
-  local sharded = ARGV[4] == 'sharded'
-  local subscribers = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
-  if subscribers.err or subscribers[2] > 1 then
-    redis.call('DEL', key)
-    redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], token)
-    return 2
-  end
   next_value = next_value .. '+'
 end
 redis.call('SET', key, next_value, 'PX', ARGV[3])

@@ -1,13 +1,11 @@
--- Read what a lock key holds, with what lives beside it, in one atomic look; optionally mark an
--- exclusive holder as waited for, so that its release is announced (a watcher hears it).
+-- Read what a lock key holds, with what lives beside it, in one atomic look, changing nothing.
 -- Reads only what the library writes: telling a lock from any other key is the caller's job
 -- (`protocol::exclusive_holder`, `protocol::parse_shared_kind`).
 --
 -- KEYS[1] = lock key; KEYS[2] = its fencing counter; KEYS[3] = its fair queue's expiries
 -- (token -> ms). Every name comes from the caller, in KEYS[1]'s slot.
 -- ARGV[1] = the release channel; ARGV[2] = 'sharded' for a cluster's sharded channel (counted
--- by SHARDNUMSUB), '' otherwise (NUMSUB); ARGV[3] = an exclusive holder's value to mark with
--- '+' when the key still holds exactly it, '' to change nothing.
+-- by SHARDNUMSUB), '' otherwise (NUMSUB).
 --
 -- Returns {type, fencing counter or '', release subscribers, live fair-queue places, ...}:
 -- for a string, then its value and PTTL; for a hash, its `kind` field ('' if none) and one
@@ -34,12 +32,7 @@ end
 
 local reply = {ktype, fence, subscribers, queued}
 if ktype == 'string' then
-  local value = redis.call('GET', key)
-  if ARGV[3] ~= '' and value == ARGV[3] then
-    redis.call('APPEND', key, '+')
-    value = value .. '+'
-  end
-  reply[5] = value
+  reply[5] = redis.call('GET', key)
   reply[6] = redis.call('PTTL', key)
 elseif ktype == 'hash' then
   reply[5] = redis.call('HGET', key, 'kind') or ''

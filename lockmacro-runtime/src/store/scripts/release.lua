@@ -1,7 +1,9 @@
 -- Release one lease, only while it is still held by its token, and tell waiters: an exclusive
 -- lock's key is deleted; a shared lock's holder leaves, and the key goes with its last holder.
--- An exclusive lock is announced only when a waiter marked it (its token followed by '+', see
--- acquire.lua): a release nobody waits for costs no PUBLISH.
+-- An exclusive lock is announced when a waiter marked it (its token followed by '+', see
+-- acquire.lua) or when someone listens on its channel (a watch, a waiter about to mark it): a
+-- release nobody waits for or watches costs no PUBLISH. A user the ACL does not allow to count
+-- subscribers gets the announcement.
 -- KEYS[1] = lock key; KEYS[2] = the release channel (a key here, so that a cluster refuses a
 -- channel outside the key's slot rather than announce where nobody listens); ARGV[1] = our
 -- token; ARGV[2] = 'sharded' for a cluster's sharded channel (announced by SPUBLISH), absent
@@ -13,7 +15,10 @@ local key, token = KEYS[1], ARGV[1]
 local holder = redis.pcall('GET', key)
 if holder == token then
   redis.call('DEL', key)
-  return 1
+  local listening = redis.pcall('PUBSUB', ARGV[2] == 'sharded' and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
+  if not listening.err and listening[2] == 0 then
+    return 1
+  end
 elseif holder == token .. '+' then
   redis.call('DEL', key)
 elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
