@@ -1,5 +1,6 @@
 //! Generated tests over combinations of options: random callers across one to three clients on
-//! a few keys, each with a random lock kind, fencing, fairness, wait and hold time, run at once
+//! a few keys, each with a random lock kind, fencing, fairness, wait, `hold_at_least` and time
+//! spent holding, run at once
 //! on one Redis, a Cluster, Redlock (after a master restarted empty too) and the in-memory
 //! store.
 //!
@@ -7,7 +8,9 @@
 //! themselves record it) and liveness: every caller that waits longer than all the holds of the
 //! case put together gets the lock, and no waiter sleeps while the key it waits for is free for
 //! longer than [`FREE_SLEEP_LIMIT`] (fair waiters alone: [`FAIR_FREE_SLEEP_LIMIT`]; on
-//! Redlock it is reported, not bounded). The longest such sleep of the run is printed
+//! Redlock it is reported, not bounded). A key kept by `hold_at_least` counts as held until
+//! the hold is over; as its end is not announced (a lease running out), once a hold kept a key,
+//! sleeps on it are not bounded and a waiter for it may give up as busy. The longest such sleep of the run is printed
 //! (`--no-capture`). A failing case is shrunk by proptest and printed; shrunk failures are kept
 //! as plain regression tests in `tests/conformance/suite.rs`.
 
@@ -31,6 +34,9 @@ const FAIR_FREE_SLEEP_LIMIT: Duration = Duration::from_millis(2_000 / 3 + 500);
 /// out a lease is seen.
 const TTL: Duration = Duration::from_secs(2);
 const MAX_HOLD_MS: u64 = 60;
+const MAX_HOLD_AT_LEAST_MS: u64 = 300;
+/// A lease's local validity: [`TTL`] less the drift margin (ttl / 100 + 2 ms).
+const VALIDITY: Duration = Duration::from_millis(2_000 - 22);
 const MAX_CALLS: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +58,8 @@ struct Call {
     wait: Option<Duration>,
     start: Duration,
     hold: Duration,
+    /// `hold_at_least`, off when zero.
+    hold_at_least: Duration,
 }
 
 impl Call {
@@ -66,6 +74,7 @@ impl Call {
             Kind::Read => options.read(),
             Kind::Permits(permits) => options.permits(permits),
         };
+        let options = options.hold_at_least(self.hold_at_least);
         match self.wait {
             Some(wait) => options.wait(wait),
             None => options,
@@ -99,9 +108,10 @@ fn scenario(fencing: bool) -> impl Strategy<Value = Scenario> {
         wait,
         0u64..40,
         0u64..=MAX_HOLD_MS,
+        prop_oneof![4 => Just(0), 1 => 1u64..=MAX_HOLD_AT_LEAST_MS],
     )
         .prop_map(
-            |(client, key, kind, fencing, fair, wait, start, hold)| Call {
+            |(client, key, kind, fencing, fair, wait, start, hold, hold_at_least)| Call {
                 client,
                 key,
                 kind,
@@ -110,6 +120,7 @@ fn scenario(fencing: bool) -> impl Strategy<Value = Scenario> {
                 wait,
                 start: Duration::from_millis(start),
                 hold: Duration::from_millis(hold),
+                hold_at_least: Duration::from_millis(hold_at_least),
             },
         );
     (1usize..=3, prop::collection::vec(call, 2..=MAX_CALLS)).prop_map(|(clients, mut calls)| {
@@ -137,7 +148,11 @@ const FAIR: usize = 1;
 
 #[derive(Default)]
 struct KeyState {
-    holders: Vec<(usize, Kind)>,
+    /// Each holder, and when it left its work while its `hold_at_least` runs: until when the
+    /// key is kept for it.
+    holders: Vec<(usize, Kind, Option<Instant>)>,
+    /// A hold kept the key once: its end is not announced.
+    held_over: bool,
     /// Waiters by [`PLAIN`] / [`FAIR`].
     waiting: [usize; 2],
     /// Since when the key is free while someone of each kind waits for it.
@@ -147,7 +162,10 @@ struct KeyState {
 impl Model {
     fn update_free(&mut self, key: usize, now: Instant) {
         let state = self.keys.entry(key).or_default();
-        let free = state.holders.is_empty();
+        state
+            .holders
+            .retain(|(_, _, kept)| kept.is_none_or(|until| until > now));
+        let free = state.holders.is_empty() && !state.held_over;
         let idle = [
             free && state.waiting[PLAIN] > 0,
             free && state.waiting[PLAIN] == 0 && state.waiting[FAIR] > 0,
@@ -176,8 +194,12 @@ impl Model {
     }
 
     fn enter(&mut self, call: usize, key: usize, kind: Kind) {
+        let now = Instant::now();
         let state = self.keys.entry(key).or_default();
-        let compatible = state.holders.iter().all(|(_, held)| match (held, kind) {
+        state
+            .holders
+            .retain(|(_, _, kept)| kept.is_none_or(|until| until > now));
+        let compatible = state.holders.iter().all(|(_, held, _)| match (held, kind) {
             (Kind::Read, Kind::Read) => true,
             (Kind::Permits(a), Kind::Permits(b)) => *a == b && state.holders.len() < b as usize,
             _ => false,
@@ -188,14 +210,26 @@ impl Model {
                 state.holders
             ));
         }
-        state.holders.push((call, kind));
-        self.update_free(key, Instant::now());
+        state.holders.push((call, kind, None));
+        self.update_free(key, now);
     }
 
-    fn leave(&mut self, call: usize, key: usize) {
+    /// `call` leaves its work; its key is kept for it until `kept_until` when that is to come.
+    fn leave(&mut self, call: usize, key: usize, kept_until: Option<Instant>) {
+        let now = Instant::now();
         let state = self.keys.entry(key).or_default();
-        state.holders.retain(|(holder, _)| *holder != call);
-        self.update_free(key, Instant::now());
+        match kept_until.filter(|&until| until > now) {
+            Some(until) => {
+                state.held_over = true;
+                for (holder, _, kept) in &mut state.holders {
+                    if *holder == call {
+                        *kept = Some(until);
+                    }
+                }
+            }
+            None => state.holders.retain(|(holder, _, _)| *holder != call),
+        }
+        self.update_free(key, now);
     }
 }
 
@@ -228,8 +262,18 @@ async fn run(
                         }
                         model.enter(index, call.key, call.kind);
                     }
+                    // The hold counts from the acquire's send: its lease's deadline less its
+                    // validity (no renewal yet), less a little for the clocks' rounding.
+                    let time_left = lockmacro_runtime::LockContext::current()
+                        .expect("under the lock")
+                        .time_left();
+                    let kept_until = (!call.hold_at_least.is_zero()).then(|| {
+                        Instant::now() + time_left + call.hold_at_least
+                            - VALIDITY
+                            - Duration::from_millis(5)
+                    });
                     tokio::time::sleep(call.hold).await;
-                    model.lock().unwrap().leave(index, call.key);
+                    model.lock().unwrap().leave(index, call.key, kept_until);
                 }
             };
             let outcome = locks.run_locked(key, call.options(), work).await;
@@ -264,9 +308,10 @@ fn check(
         model.violations
     );
     for (call, outcome) in scenario.calls.iter().zip(outcomes) {
+        let held_over = model.keys.get(&call.key).is_some_and(|key| key.held_over);
         match outcome {
             Ok(()) => {}
-            Err(LockError::Busy { .. }) if call.wait.is_none() => {}
+            Err(LockError::Busy { .. }) if call.wait.is_none() || held_over => {}
             // Availability is not what is tested where it is not promised (Redlock under load:
             // a master slower than its per-master budget leaves no majority): safety is.
             Err(LockError::NoQuorum { .. } | LockError::Redis { .. })
@@ -389,12 +434,24 @@ fn the_model_sees_incompatible_holders_and_sleeps_on_free_keys() {
     let mut model = Model::default();
     model.enter(0, 2, Kind::Exclusive);
     model.start_waiting(2, PLAIN);
-    model.leave(0, 2);
+    model.leave(0, 2, None);
     std::thread::sleep(Duration::from_millis(20));
     model.stop_waiting(2, PLAIN);
     model.enter(1, 2, Kind::Exclusive);
     assert!(model.longest_free_sleep[PLAIN] >= Duration::from_millis(20));
     assert_eq!(model.longest_free_sleep[FAIR], Duration::ZERO);
+    // A holder kept by its hold is still a holder until the hold is over.
+    let mut model = Model::default();
+    model.enter(0, 3, Kind::Exclusive);
+    model.leave(0, 3, Some(Instant::now() + Duration::from_secs(60)));
+    model.enter(1, 3, Kind::Exclusive);
+    assert_eq!(model.violations.len(), 1, "entered during another's hold");
+    let mut model = Model::default();
+    model.enter(0, 4, Kind::Exclusive);
+    model.leave(0, 4, Some(Instant::now() + Duration::from_millis(10)));
+    std::thread::sleep(Duration::from_millis(20));
+    model.enter(1, 4, Kind::Exclusive);
+    assert!(model.violations.is_empty(), "the hold is over");
 }
 
 /// `PROPTEST_CASES` from the environment when set (a deeper run by hand), else `cases`.

@@ -1,7 +1,7 @@
 //! The in-memory store against a real Redis: generated sequences of calls run one after another
 //! on both, and every outcome is compared — taken or busy, `Busy`'s `retry_after`, errors and
 //! their fields, fencing tokens (present, strictly increasing per key, never below the clock),
-//! reentrancy across kinds, renewals.
+//! reentrancy across kinds, renewals, keys kept by `hold_at_least`.
 //!
 //! The in-memory store is what users test against; any difference here is a test of theirs that
 //! passes while production behaves otherwise.
@@ -15,6 +15,10 @@ use proptest::test_runner::{Config, TestRunner};
 use testkit::{Deployment, InMemory, SingleRedis};
 
 const TTL: Duration = Duration::from_secs(5);
+/// `hold_at_least`, when on: longer than any case, so a kept key stays kept to its end on both
+/// stores (Redis's clock runs on between steps, the paused one does not: a hold ending within a
+/// case would end at a different step on each).
+const HOLD: Duration = Duration::from_secs(20);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -30,6 +34,8 @@ struct Options {
     fair: bool,
     /// A short wait: a busy key is still busy when it runs out.
     waits: bool,
+    /// With [`HOLD`].
+    holds: bool,
 }
 
 impl Options {
@@ -42,6 +48,11 @@ impl Options {
             Kind::Exclusive => options,
             Kind::Read => options.read(),
             Kind::Permits(permits) => options.permits(permits),
+        };
+        let options = if self.holds {
+            options.hold_at_least(HOLD)
+        } else {
+            options
         };
         if self.waits {
             options.wait(Duration::from_millis(30))
@@ -84,12 +95,14 @@ fn options() -> impl Strategy<Value = Options> {
         any::<bool>(),
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.3),
+        prop::bool::weighted(0.2),
     )
-        .prop_map(|(kind, fencing, fair, waits)| Options {
+        .prop_map(|(kind, fencing, fair, waits, holds)| Options {
             kind,
             fencing,
             fair,
             waits,
+            holds,
         })
 }
 

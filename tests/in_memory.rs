@@ -188,3 +188,49 @@ fn an_in_memory_default_client_serves_runtimes_in_turn() {
         assert!(renewals >= 5, "round {n}: {renewals}");
     }
 }
+
+/// A job under `hold_at_least = "5m"`, as a scheduled job's test writes it: under paused time
+/// the five minutes pass at once, to the millisecond. The job ends at once; the key is kept
+/// (busy for another instance) until five minutes after it was taken, then free.
+#[tokio::test(start_paused = true)]
+async fn a_five_minute_hold_passes_in_no_real_time() {
+    struct Job {
+        locks: LockClient,
+    }
+    impl Job {
+        #[redis_lock(prefix = "jobs", key = "report", hold_at_least = "5m", client = self.locks)]
+        async fn run(&self) -> Result<String, LockError> {
+            Ok(LockContext::current().unwrap().token().to_owned())
+        }
+    }
+    let real = std::time::Instant::now();
+    let job = Job {
+        locks: LockClient::in_memory(),
+    };
+    let hooks = job.locks.memory_hooks().unwrap();
+    let started = tokio::time::Instant::now();
+    let token = job.run().await.unwrap();
+    assert_eq!(
+        hooks.holder("jobs:report"),
+        Some(token),
+        "kept after the job"
+    );
+    assert!(matches!(job.run().await, Err(LockError::Busy { .. })));
+    tokio::time::sleep_until(started + Duration::from_secs(300) - Duration::from_millis(1)).await;
+    assert!(
+        hooks.holder("jobs:report").is_some(),
+        "kept for five minutes"
+    );
+    tokio::time::sleep_until(started + Duration::from_secs(300)).await;
+    assert_eq!(
+        hooks.holder("jobs:report"),
+        None,
+        "free when the hold is over"
+    );
+    job.run().await.expect("the next period runs");
+    assert!(
+        real.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        real.elapsed()
+    );
+}

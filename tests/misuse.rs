@@ -77,6 +77,40 @@ fn outside_a_tokio_runtime_is_a_config_error() {
     }
 }
 
+/// A `hold_at_least` given as an expression that turns out zero when called is refused with
+/// `InvalidOptions`, as a zero `ttl` is, before any I/O, and the body never runs.
+#[tokio::test]
+async fn a_zero_hold_at_least_given_at_run_time_is_refused_before_any_io() {
+    struct Job {
+        locks: LockClient,
+        hold: Duration,
+    }
+    impl Job {
+        #[lockmacro_runtime::redis_lock(prefix = "zero", client = self.locks, hold_at_least = self.hold)]
+        async fn run(&self, ran: &std::sync::atomic::AtomicBool) -> Result<(), LockError> {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+    let job = Job {
+        locks: LockClient::builder("redis://127.0.0.1:1")
+            .build_lazy()
+            .unwrap(),
+        hold: Duration::ZERO,
+    };
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    match job.run(&ran).await {
+        Err(LockError::InvalidOptions { message }) => {
+            assert!(message.contains("`hold_at_least` is zero"), "{message}");
+        }
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the body never ran"
+    );
+}
+
 /// A `ttl` given as an expression that turns out zero when called is refused with
 /// `InvalidOptions` before any I/O (nothing listens on port 1) and the body never runs.
 #[tokio::test]

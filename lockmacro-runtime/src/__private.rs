@@ -39,7 +39,8 @@ pub mod v0_1_0 {
         body
     }
 
-    /// A length given to `ttl` or `wait` as an expression, checked now: zero is refused.
+    /// A length given to `ttl`, `wait` or `hold_at_least` as an expression, checked now: zero
+    /// is refused.
     pub fn length<L: LeaseLength + ?Sized>(
         argument: &'static str,
         value: &L,
@@ -58,6 +59,7 @@ pub mod v0_1_0 {
         base: LockOptions,
         ttl: Option<Result<Duration, LockError>>,
         wait: Option<Result<Duration, LockError>>,
+        hold_at_least: Option<Result<Duration, LockError>>,
     ) -> Result<LockOptions, LockError> {
         let mut options = base;
         if let Some(ttl) = ttl {
@@ -65,6 +67,9 @@ pub mod v0_1_0 {
         }
         if let Some(wait) = wait {
             options = options.wait(wait?);
+        }
+        if let Some(hold) = hold_at_least {
+            options = options.hold_at_least(hold?);
         }
         Ok(options)
     }
@@ -113,9 +118,10 @@ pub mod v0_1_0 {
         }
     }
 
-    /// What `ttl` and `wait` accept as expressions: a `Duration`, or whole seconds.
+    /// What `ttl`, `wait` and `hold_at_least` accept as expressions: a `Duration`, or whole
+    /// seconds.
     #[diagnostic::on_unimplemented(
-        message = "`ttl` and `wait` take a `Duration` or integer seconds, not `{Self}`",
+        message = "`ttl`, `wait` and `hold_at_least` take a `Duration` or integer seconds, not `{Self}`",
         label = "expected a `Duration`, or seconds as `u64` or `u32`",
         note = "write `ttl = Duration::from_millis(500)`, a `const LOCK_TTL: Duration`, or `ttl = \"500ms\"`"
     )]

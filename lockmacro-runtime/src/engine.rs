@@ -115,9 +115,13 @@ impl Engine {
             leases = rights.len(),
             "lock client shutting down; releasing every lease"
         );
-        let releases = rights
-            .iter()
-            .map(|right| self.store.release(right.lease().lease_ref()));
+        let releases = rights.iter().map(|right| async {
+            let lease = right.lease();
+            if lease.holds_on() {
+                lease.extension_settled().await;
+            }
+            self.store.release(lease.lease_ref()).await
+        });
         let outcomes = tokio::time::timeout(
             self.shutdown_timeout,
             futures_util::future::join_all(releases),
@@ -186,6 +190,9 @@ impl Engine {
         metrics::release(&lease.prefix, "background");
         let (store, lease, waker) = (self.store.clone(), lease.clone(), self.waits.waker());
         self.background.spawn(async move {
+            if lease.holds_on() {
+                lease.extension_settled().await;
+            }
             match release_until_settled(store.as_ref(), lease.lease_ref()).await {
                 Some(true) => waker.released_here(&lease.key, &lease.token),
                 Some(false) => {}

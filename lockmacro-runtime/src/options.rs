@@ -21,6 +21,8 @@ pub struct LockOptions {
     pub(crate) fencing: bool,
     pub(crate) kind: LockKind,
     pub(crate) fair: bool,
+    /// The key is not freed before this long after it was taken (`hold_at_least`).
+    pub(crate) hold_at_least: Option<Duration>,
     /// The attribute's prefix, for the metrics' `prefix` label (else the key's first part).
     pub(crate) label: Option<&'static str>,
 }
@@ -67,6 +69,7 @@ impl LockOptions {
             fencing: false,
             kind: LockKind::Exclusive,
             fair: false,
+            hold_at_least: None,
             label: None,
         }
     }
@@ -129,6 +132,18 @@ impl LockOptions {
         self
     }
 
+    /// Keep the key at least `hold` after it was taken (`hold_at_least = "5m"`), for jobs that
+    /// several instances fire a little apart: once the work has started, its release, on every
+    /// exit path, sets the key to expire when `hold` has passed since the acquiring command was
+    /// sent, instead of deleting it (longer than the ttl if need be). The key keeps its holder's
+    /// token meanwhile; nothing is announced and nothing handed over, so waiters wait it out as
+    /// they wait out a lease. A release after `hold` deletes as usual. A shared lock's holder
+    /// (`read`, `permits`) keeps its place in the key until then. Zero turns it off.
+    pub const fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = if hold.is_zero() { None } else { Some(hold) };
+        self
+    }
+
     /// Who may hold the key at the same time.
     pub const fn lock_kind(&self) -> LockKind {
         self.kind
@@ -157,6 +172,11 @@ impl LockOptions {
     /// Whether a fencing token is handed out.
     pub const fn is_fenced(&self) -> bool {
         self.fencing
+    }
+
+    /// How long the key is held at least after it was taken, `None` when freed at release.
+    pub const fn hold_at_least_duration(&self) -> Option<Duration> {
+        self.hold_at_least
     }
 }
 

@@ -34,6 +34,9 @@ pub(crate) struct LeaseState {
     /// When it was taken (the acquire's send, in the clock's nanos), for how long it was held:
     /// the lease's time starts then, and no second clock read is needed.
     acquired_at: u64,
+    /// Until when (nanos) a release keeps the key rather than deletes it (`hold_at_least`,
+    /// counted from `acquired_at`); 0 for none.
+    hold_until: AtomicU64,
     /// How the work under it ended has been recorded.
     end_recorded: AtomicBool,
     /// When the last confirmed acquire or extension was sent.
@@ -82,6 +85,11 @@ impl LeaseState {
             timing: Timing::of(options.ttl),
             prefix,
             acquired_at: sent_at,
+            hold_until: AtomicU64::new(
+                options
+                    .hold_at_least
+                    .map_or(0, |hold| sent_at.saturating_add(clock::nanos(hold))),
+            ),
             end_recorded: AtomicBool::new(false),
             confirmed_sent_at: AtomicU64::new(sent_at),
             renewals: AtomicU32::new(0),
@@ -103,6 +111,32 @@ impl LeaseState {
             token: &self.token,
             kind: self.kind,
             ttl: self.ttl,
+            hold_until: self.hold_until(),
+        }
+    }
+
+    /// Until when (nanos) its release keeps the key, when `hold_at_least` asked for it.
+    pub(crate) fn hold_until(&self) -> Option<u64> {
+        Some(self.hold_until.load(Ordering::Acquire)).filter(|&until| until != 0)
+    }
+
+    /// Whether its release now would keep the key rather than delete it.
+    pub(crate) fn holds_on(&self) -> bool {
+        self.hold_until().is_some_and(|until| until > clock::now())
+    }
+
+    /// Its work never started (taken while the client shut down): a release deletes the key.
+    pub(crate) fn drop_hold(&self) {
+        self.hold_until.store(0, Ordering::Release);
+    }
+
+    /// Returns once no extension of it is on the wire. Called after it left the watchdog (so
+    /// none starts again): an extension that landed after a release that keeps the key would
+    /// set the key's expiry back to a ttl.
+    pub(crate) async fn extension_settled(&self) {
+        while self.extending.load(Ordering::Acquire) {
+            // Rare and short: only a release during an extension's round trip waits here.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 

@@ -18,6 +18,7 @@ mod kw {
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(max_renewals);
     syn::custom_keyword!(wait);
+    syn::custom_keyword!(hold_at_least);
     syn::custom_keyword!(client);
     syn::custom_keyword!(fencing);
     syn::custom_keyword!(mode);
@@ -44,6 +45,8 @@ pub(crate) struct Configuration {
     pub(crate) max_renewals: Option<Renewals>,
     /// How long to wait for a busy lock; `None` fails fast.
     pub(crate) wait: Option<Length>,
+    /// How long after it was taken the key is kept at least; `None` frees it at release.
+    pub(crate) hold_at_least: Option<Length>,
     /// Whether to hand out fencing tokens.
     pub(crate) fencing: bool,
     /// Who may hold the key at once; `None` is exclusive.
@@ -52,7 +55,7 @@ pub(crate) struct Configuration {
     pub(crate) fair: bool,
 }
 
-/// A length of time given to `ttl` or `wait`.
+/// A length of time given to `ttl`, `wait` or `hold_at_least`.
 pub(crate) enum Length {
     /// A literal, checked here: milliseconds, non-zero.
     Millis(u64),
@@ -96,6 +99,7 @@ impl Configuration {
             ttl: fields.ttl,
             max_renewals: fields.max_renewals,
             wait: fields.wait,
+            hold_at_least: fields.hold_at_least,
             fencing: fields.fencing,
             kind: fields.mode.or(fields.permits),
             fair: fields.fair,
@@ -118,6 +122,7 @@ enum Argument {
     Ttl,
     MaxRenewals,
     Wait,
+    HoldAtLeast,
     Client,
     Fencing,
     Mode,
@@ -126,8 +131,8 @@ enum Argument {
     Crate,
 }
 
-const VALID_NAMES: &str = "`prefix`, `key`, `ttl`, `max_renewals`, `wait`, `client`, `fencing`, \
-                           `mode`, `permits`, `fair`, `crate`";
+const VALID_NAMES: &str = "`prefix`, `key`, `ttl`, `max_renewals`, `wait`, `hold_at_least`, \
+                           `client`, `fencing`, `mode`, `permits`, `fair`, `crate`";
 
 impl Argument {
     fn peek(input: ParseStream<'_>) -> Option<Self> {
@@ -141,6 +146,8 @@ impl Argument {
             Self::MaxRenewals
         } else if input.peek(kw::wait) {
             Self::Wait
+        } else if input.peek(kw::hold_at_least) {
+            Self::HoldAtLeast
         } else if input.peek(kw::client) {
             Self::Client
         } else if input.peek(kw::fencing) {
@@ -166,6 +173,7 @@ impl Argument {
             Self::Ttl => "ttl = 30",
             Self::MaxRenewals => "max_renewals = 3",
             Self::Wait => "wait = \"5s\"",
+            Self::HoldAtLeast => "hold_at_least = \"5m\"",
             Self::Client => "client = self.locks",
             Self::Fencing => "fencing = true",
             Self::Mode => "mode = read",
@@ -187,6 +195,7 @@ struct Fields {
     ttl: Option<Length>,
     max_renewals: Option<Renewals>,
     wait: Option<Length>,
+    hold_at_least: Option<Length>,
     fencing: bool,
     /// `mode = ...` and where it was written, for the clash with `permits`.
     mode: Option<Kind>,
@@ -266,6 +275,7 @@ impl Fields {
             Argument::Ttl => self.ttl = Some(ttl(value)?),
             Argument::MaxRenewals => self.max_renewals = Some(max_renewals(&value)?),
             Argument::Wait => self.wait = Some(wait(value)?),
+            Argument::HoldAtLeast => self.hold_at_least = Some(hold_at_least(value)?),
             Argument::Client => self.client = Some(value),
             Argument::Fencing => self.fencing = boolean("fencing", &value)?,
             Argument::Mode => {
@@ -334,6 +344,14 @@ fn wait(value: Expr) -> syn::Result<Length> {
         "wait",
         value,
         "`wait` must be greater than zero; omit `wait` to fail fast when the lock is busy",
+    )
+}
+
+fn hold_at_least(value: Expr) -> syn::Result<Length> {
+    length(
+        "hold_at_least",
+        value,
+        "`hold_at_least` must be greater than zero; omit `hold_at_least` to free the key at release",
     )
 }
 
@@ -597,6 +615,32 @@ mod tests {
         assert!(matches!(config.ttl, Some(super::Length::Millis(250))));
         let config = super::Configuration::parse(quote!(ttl = LOCK_TTL, prefix = "p")).unwrap();
         assert!(matches!(config.ttl, Some(super::Length::Expr(_))));
+    }
+
+    #[test]
+    fn hold_at_least_takes_the_forms_of_ttl() {
+        let config =
+            super::Configuration::parse(quote!(prefix = "p", hold_at_least = "5m")).unwrap();
+        assert!(matches!(
+            config.hold_at_least,
+            Some(super::Length::Millis(300_000))
+        ));
+        let config = super::Configuration::parse(quote!(prefix = "p", hold_at_least = 2)).unwrap();
+        assert!(matches!(
+            config.hold_at_least,
+            Some(super::Length::Millis(2_000))
+        ));
+        let config =
+            super::Configuration::parse(quote!(prefix = "p", hold_at_least = HOLD)).unwrap();
+        assert!(matches!(config.hold_at_least, Some(super::Length::Expr(_))));
+        assert!(super::Configuration::parse(quote!(prefix = "p", hold_at_least = "0s")).is_err());
+        assert!(super::Configuration::parse(quote!(prefix = "p", hold_at_least = 0)).is_err());
+        assert!(
+            super::Configuration::parse(quote!(prefix = "p"))
+                .unwrap()
+                .hold_at_least
+                .is_none()
+        );
     }
 
     #[test]

@@ -137,7 +137,8 @@ fn lock_options(config: &Configuration, private: &Path) -> TokenStream {
     }
     let ttl = length(private, "ttl", config.ttl.as_ref());
     let wait = length(private, "wait", config.wait.as_ref());
-    quote_spanned!(Span::mixed_site()=> #private::options(#options, #ttl, #wait))
+    let hold = length(private, "hold_at_least", config.hold_at_least.as_ref());
+    quote_spanned!(Span::mixed_site()=> #private::options(#options, #ttl, #wait, #hold))
 }
 
 /// An `Option<Result<Duration, LockError>>`: a literal's milliseconds, or the expression's value

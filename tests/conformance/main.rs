@@ -45,6 +45,11 @@ macro_rules! conformance {
                 force_release_keeps_the_fair_queue_in_order,
                 watch_reports_every_holder_and_release,
                 watch_sees_holds_shorter_than_its_poll,
+                a_hold_keeps_the_key_after_the_work_until_it_has_passed,
+                a_hold_is_kept_after_an_error_a_panic_and_a_drop,
+                waiters_take_the_key_once_the_hold_has_passed,
+                a_hold_passed_or_nested_releases_as_usual,
+                a_shared_holders_hold_keeps_its_place,
             );
         }
     };

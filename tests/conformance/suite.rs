@@ -1288,3 +1288,272 @@ pub async fn watch_sees_holds_shorter_than_its_poll(deployment: &impl Deployment
     }
     watch.abort();
 }
+
+// ---- Holding a lock at least for a while ------------------------------------------------------
+
+/// A hold of 1.5 s, longer than the lease: what a scheduled job asks for.
+const HOLD: Duration = Duration::from_millis(1_500);
+
+/// Slack for a server's millisecond clock against tokio's.
+const CLOCK_SLACK: Duration = Duration::from_millis(50);
+
+/// With `hold_at_least`, work that ends early leaves the key held by its token (the release
+/// sets its expiry instead of deleting it), longer than its lease: `inspect` shows the holder,
+/// a late caller finds it busy, and it is free once the hold has passed since the acquire.
+pub async fn a_hold_keeps_the_key_after_the_work_until_it_has_passed(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let before_acquire = Instant::now();
+    let token = locks
+        .run_locked("report:daily", opts(500).hold_at_least(HOLD), async {
+            LockContext::current().unwrap().token().to_owned()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        deployment.holder("report:daily").await,
+        Some(token.clone()),
+        "kept by its holder after the work"
+    );
+    let info = locks
+        .inspect("report:daily")
+        .await
+        .unwrap()
+        .expect("held during the hold");
+    assert_eq!(info.holders()[0].token_hint(), hint(&token));
+    assert!(
+        info.time_left() <= HOLD && info.time_left() > Duration::from_millis(300),
+        "what is left of the hold: {info:?}"
+    );
+    let late = deployment
+        .another_client()
+        .await
+        .run_locked("report:daily", opts(500), async {})
+        .await;
+    assert!(matches!(late, Err(LockError::Busy { .. })), "{late:?}");
+    // Past the 500 ms lease, still held.
+    tokio::time::sleep_until(before_acquire + Duration::from_millis(900)).await;
+    assert_eq!(
+        deployment.holder("report:daily").await,
+        Some(token),
+        "held longer than its lease"
+    );
+    freed(deployment, "report:daily", Duration::from_secs(10)).await;
+    assert!(
+        before_acquire.elapsed() + CLOCK_SLACK >= HOLD,
+        "freed {:?} after the acquire, before the hold passed",
+        before_acquire.elapsed()
+    );
+    locks
+        .run_locked("report:daily", opts(500), async {})
+        .await
+        .expect("free once the hold passed");
+}
+
+/// The hold applies on every exit path once the work started: an `Err`, a panic, a dropped
+/// call. Each key outlives its 1 s lease (so it was not left to expire) and is freed once the
+/// hold is over.
+pub async fn a_hold_is_kept_after_an_error_a_panic_and_a_drop(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let hold = Duration::from_millis(2_500);
+    let before_acquire = Instant::now();
+    let failed = locks
+        .run_locked("report:err", opts(1_000).hold_at_least(hold), async {
+            Err::<(), _>("failed")
+        })
+        .await;
+    assert_eq!(failed.unwrap(), Err("failed"));
+    let (started, running) = oneshot::channel();
+    let panicking = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .run_locked(
+                    "report:panic",
+                    opts(1_000).hold_at_least(hold),
+                    async move {
+                        started.send(()).unwrap();
+                        tokio::task::yield_now().await;
+                        panic!("work failed");
+                    },
+                )
+                .await
+        }
+    });
+    running.await.unwrap();
+    assert!(panicking.await.unwrap_err().is_panic());
+    let (started, running) = oneshot::channel();
+    let mut dropped =
+        Box::pin(
+            locks.run_locked("report:drop", opts(1_000).hold_at_least(hold), async move {
+                started.send(()).unwrap();
+                std::future::pending::<()>().await
+            }),
+        );
+    tokio::select! {
+        _ = &mut dropped => unreachable!("the work never ends"),
+        _ = running => {}
+    }
+    drop(dropped);
+    // Nothing renews the keys: they outlive their lease only by the releases that kept them.
+    assert_eq!(locks.held_leases(), 0);
+    tokio::time::sleep_until(before_acquire + Duration::from_millis(1_600)).await;
+    for key in ["report:err", "report:panic", "report:drop"] {
+        assert!(
+            deployment.holder(key).await.is_some(),
+            "`{key}` held past its lease, until the hold is over"
+        );
+    }
+    for key in ["report:err", "report:panic", "report:drop"] {
+        freed(deployment, key, Duration::from_secs(10)).await;
+    }
+    assert!(before_acquire.elapsed() + CLOCK_SLACK >= hold);
+}
+
+/// A released key under a hold is neither handed over nor announced: waiters of the same
+/// client and of another wait the hold out, then take it.
+pub async fn waiters_take_the_key_once_the_hold_has_passed(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let other = deployment.another_client().await;
+    let before_acquire = Instant::now();
+    let held = locks
+        .acquire("report:weekly", opts(1_000).hold_at_least(HOLD))
+        .await
+        .unwrap();
+    let token = held.token().to_owned();
+    let wait = |locks: lockmacro_runtime::LockClient| {
+        tokio::spawn(async move {
+            locks
+                .run_locked(
+                    "report:weekly",
+                    opts(5_000).wait(Duration::from_secs(20)),
+                    async { Instant::now() },
+                )
+                .await
+        })
+    };
+    let remote = wait(other);
+    deployment.waiter_subscribed("report:weekly").await;
+    let local = wait(locks.clone());
+    parked(&locks, "report:weekly", 1).await;
+    held.release().await.unwrap();
+    assert_eq!(
+        deployment.holder("report:weekly").await,
+        Some(token),
+        "neither handed over nor freed at release"
+    );
+    let mut entered = [
+        remote.await.unwrap().unwrap(),
+        local.await.unwrap().unwrap(),
+    ];
+    entered.sort();
+    assert!(
+        entered[0] + CLOCK_SLACK >= before_acquire + HOLD,
+        "a waiter got in {:?} after the acquire, within the hold",
+        entered[0] - before_acquire
+    );
+    assert!(
+        entered[0] < before_acquire + HOLD + Duration::from_secs(3),
+        "the first waiter got in {:?} after the acquire",
+        entered[0] - before_acquire
+    );
+}
+
+/// A hold that has passed by the release changes nothing: the key is deleted. A nested call's
+/// hold is not its to apply (only the outer call releases), and an outer call's hold is kept
+/// whatever the inner one asked.
+pub async fn a_hold_passed_or_nested_releases_as_usual(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    locks
+        .run_locked(
+            "report:long",
+            opts(5_000).hold_at_least(Duration::from_millis(100)),
+            tokio::time::sleep(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        deployment.holder("report:long").await,
+        None,
+        "work longer than the hold: deleted at release"
+    );
+    locks
+        .run_locked("report:nested", opts(5_000), async {
+            locks
+                .run_locked(
+                    "report:nested",
+                    opts(5_000).hold_at_least(Duration::from_secs(60)),
+                    async {},
+                )
+                .await
+                .unwrap();
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        deployment.holder("report:nested").await,
+        None,
+        "the outer call, without a hold, deletes"
+    );
+    locks
+        .run_locked("report:nested", opts(5_000).hold_at_least(HOLD), async {
+            locks
+                .run_locked("report:nested", opts(5_000), async {})
+                .await
+                .unwrap();
+        })
+        .await
+        .unwrap();
+    assert!(
+        deployment.holder("report:nested").await.is_some(),
+        "the outer call's hold applies"
+    );
+    freed(deployment, "report:nested", Duration::from_secs(10)).await;
+}
+
+/// A shared lock's holder under a hold keeps its place until the hold is over: readers still
+/// join, a writer waits it out; a permit stays taken.
+pub async fn a_shared_holders_hold_keeps_its_place(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let other = deployment.another_client().await;
+    let before_acquire = Instant::now();
+    locks
+        .run_locked(
+            "report:read",
+            opts(1_000).read().hold_at_least(HOLD),
+            async {},
+        )
+        .await
+        .unwrap();
+    locks
+        .run_locked(
+            "report:permit",
+            opts(1_000).permits(1).hold_at_least(HOLD),
+            async {},
+        )
+        .await
+        .unwrap();
+    let info = locks.inspect("report:read").await.unwrap().expect("held");
+    assert_eq!(info.holders().len(), 1, "{info:?}");
+    other
+        .run_locked("report:read", opts(1_000).read(), async {})
+        .await
+        .expect("readers still share it");
+    let permit = other
+        .run_locked("report:permit", opts(1_000).permits(1), async {})
+        .await;
+    assert!(matches!(permit, Err(LockError::Busy { .. })), "{permit:?}");
+    let writer_in = other
+        .run_locked(
+            "report:read",
+            opts(1_000).wait(Duration::from_secs(20)),
+            async { Instant::now() },
+        )
+        .await
+        .unwrap();
+    assert!(
+        writer_in + CLOCK_SLACK >= before_acquire + HOLD,
+        "the writer got in {:?} after the acquire, within the reader's hold",
+        writer_in - before_acquire
+    );
+    freed(deployment, "report:permit", Duration::from_secs(10)).await;
+}

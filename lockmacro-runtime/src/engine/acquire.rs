@@ -62,7 +62,9 @@ impl Engine {
         let (lease, waited) = self.acquire_or_wait(key, options).await?;
         if self.closing.is_closed() {
             // Taken while the client shut down: give it back at once.
-            // Unconfirmed, the right drops: released in the background.
+            // Unconfirmed, the right drops: released in the background. Its work never started,
+            // so a hold does not apply.
+            lease.drop_hold();
             if let Some(right) = ReleaseRight::claim(&lease, self.clone())
                 && self.store.release(lease.lease_ref()).await.is_ok()
             {

@@ -20,7 +20,10 @@ impl Engine {
     pub(crate) async fn release(self: &Arc<Self>, right: ReleaseRight) -> Result<bool, LockError> {
         let lease = right.lease().clone();
         self.renewals.deregister(lease.id);
-        if lease.kind == LockKind::Exclusive
+        if lease.holds_on() {
+            // `hold_at_least`: the key stays taken, so there is nothing to hand over.
+            lease.extension_settled().await;
+        } else if lease.kind == LockKind::Exclusive
             && let Some(store) = self.store.hands_over()
             && !self.closing.is_closed()
             && let Some(next) = self.waits.next_candidate(&lease.key)
@@ -33,6 +36,8 @@ impl Engine {
             .map_err(|error| error.into_lock_error(Some(&lease.key)))?;
         right.disarm();
         metrics::release(&lease.prefix, "confirmed");
+        // After a release that kept the key (`hold_at_least`) too: this client's waiters learn
+        // the hold's end as the key's time left, rather than sleep out the lease they saw.
         if released {
             self.waits.released_here(&lease.key, &lease.token);
         }
@@ -54,6 +59,7 @@ impl Engine {
             token: &next.token,
             kind: LockKind::Exclusive,
             ttl: next.options.ttl,
+            hold_until: None,
         };
         tracing::debug!(key = %lease.key, "handing the lock to the next waiter of this client");
         let sent_at = clock::now();

@@ -170,12 +170,14 @@ impl Engine {
     /// Releases, in the background, whatever `token` may hold of `key`: a token a hand-over
     /// may have put there without either side learning it.
     pub(super) fn give_up_token(&self, key: &str, token: &str, options: &LockOptions) {
+        // No work ran under it: deleted, whatever `hold_at_least` says.
+        let options = options.hold_at_least(Duration::ZERO);
         let given_up = LeaseState::new(
             next_lease_id(),
             self.id,
             key.to_owned(),
             token.to_owned(),
-            options,
+            &options,
             None,
             clock::now(),
         );

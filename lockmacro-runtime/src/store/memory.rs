@@ -121,6 +121,25 @@ impl Data {
         self.locks.get_mut(key)
     }
 
+    /// A release while `lease`'s `hold_at_least` runs: its holder stays until `until`, sooner
+    /// or later than its lease would end. `true` when the lease was ours.
+    fn keep(&mut self, lease: LeaseRef<'_>, until: Instant, now: Instant) -> bool {
+        match self.live(lease.key, now) {
+            Some(Held::Exclusive { token, expires, .. }) if token == lease.token => {
+                *expires = until;
+                true
+            }
+            Some(Held::Shared { holders, .. }) => match holders.get_mut(lease.token) {
+                Some(expires) => {
+                    *expires = until;
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
     /// What `key` holds now, as inspection reports it.
     fn snapshot(&mut self, key: &str, now: Instant) -> Option<Snapshot> {
         let (kind, holders) = match self.live(key, now)? {
@@ -372,6 +391,11 @@ impl Store for MemoryStore {
             let (ours, announced) = {
                 let mut data = self.data();
                 let now = Instant::now();
+                if let Some(kept) = lease.kept_for() {
+                    // `hold_at_least`, as the release script: the holder stays until the hold
+                    // is over, announced to nobody.
+                    return Ok(data.keep(lease, now + kept, now));
+                }
                 match data.live(lease.key, now) {
                     Some(held @ Held::Exclusive { .. }) if held.held_by(lease.token, now) => {
                         let waited = matches!(held, Held::Exclusive { waited: true, .. });

@@ -152,6 +152,8 @@ impl AcquireRequest<'_> {
             token: self.token,
             kind: self.kind,
             ttl: self.ttl,
+            // The work never ran: an undone attempt deletes.
+            hold_until: None,
         }
     }
 }
@@ -204,6 +206,18 @@ pub(crate) struct LeaseRef<'a> {
     pub(crate) token: &'a str,
     pub(crate) kind: LockKind,
     pub(crate) ttl: Duration,
+    /// `hold_at_least`: until when (nanos on [`crate::clock`]) a release keeps the key.
+    pub(crate) hold_until: Option<u64>,
+}
+
+impl LeaseRef<'_> {
+    /// How long a release sent now keeps the key (`hold_at_least`): what is left of the hold,
+    /// rounded up to whole milliseconds so that the key is never freed early; `None` when
+    /// nothing is left, and the release deletes.
+    pub(crate) fn kept_for(&self) -> Option<Duration> {
+        let left = self.hold_until?.checked_sub(crate::clock::now())?;
+        (left > 0).then(|| Duration::from_millis(left.div_ceil(1_000_000)))
+    }
 }
 
 /// A [`LeaseRef`] that owns its strings, for work that outlives the call that named the lease.
@@ -213,6 +227,7 @@ pub(crate) struct OwnedLease {
     token: Arc<str>,
     kind: LockKind,
     ttl: Duration,
+    hold_until: Option<u64>,
 }
 
 impl OwnedLease {
@@ -222,6 +237,7 @@ impl OwnedLease {
             token: lease.token.into(),
             kind: lease.kind,
             ttl: lease.ttl,
+            hold_until: lease.hold_until,
         }
     }
 
@@ -231,6 +247,7 @@ impl OwnedLease {
             token: &self.token,
             kind: self.kind,
             ttl: self.ttl,
+            hold_until: self.hold_until,
         }
     }
 }
@@ -329,7 +346,8 @@ impl Error for Shared {
 /// anyway: for releases nobody waits for (a dropped guard, an abandoned acquire). `Some`
 /// whether our lease was removed; `None` when it gave up.
 pub(crate) async fn release_until_settled(store: &dyn Store, lease: LeaseRef<'_>) -> Option<bool> {
-    let give_up = tokio::time::Instant::now() + lease.ttl;
+    // A release that keeps the key (`hold_at_least`) is still worth sending while the hold runs.
+    let give_up = tokio::time::Instant::now() + lease.ttl.max(lease.kept_for().unwrap_or_default());
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     loop {
         match store.release(lease).await {

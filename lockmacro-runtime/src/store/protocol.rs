@@ -15,6 +15,8 @@
 //!   channel its releases are announced on (the message is the released token), a fair lock's
 //!   queue and its places' expiries, and the writers waiting for a key's readers to leave. On a
 //!   Cluster each is placed in its key's slot ([`Names::in_slot`]).
+//! - **A lock kept by `hold_at_least`** after its release is stored as it was held: the same
+//!   token (or the same hash field), with the expiry set to the end of the hold.
 //! - **Fencing tokens** are never below the server clock in microseconds
 //!   ([`fencing_floor`]), so a counter that expired cannot make them go back.
 

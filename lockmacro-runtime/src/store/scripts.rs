@@ -140,16 +140,28 @@ pub(crate) fn acquired(request: &AcquireRequest<'_>, (taken, value): (i64, i64))
     }
 }
 
-/// The compare-and-delete script, announcing the release on `channel`.
+/// The compare-and-delete script, announcing the release on `channel`; while the lease's
+/// `hold_at_least` runs, the script keeps the key for what is left of it instead (an argument
+/// more, only then: a release without a hold costs what it did).
 pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) -> redis::Cmd {
     let mut cmd = evalsha(
         &RELEASE,
         2,
-        4,
-        lease.key.len() + lease.token.len() + channel.len() + 7,
+        5,
+        lease.key.len() + lease.token.len() + channel.len() + 27,
     );
     cmd.arg(lease.key).arg(channel).arg(lease.token);
-    announce.mark(&mut cmd);
+    match lease.kept_for() {
+        None => announce.mark(&mut cmd),
+        Some(kept) => {
+            let sharded = if announce == Announce::ShardedPublish {
+                "sharded"
+            } else {
+                ""
+            };
+            cmd.arg(sharded).arg(millis(kept));
+        }
+    }
     cmd
 }
 

@@ -9,9 +9,34 @@
 -- token; ARGV[2] = 'sharded' for a cluster's sharded channel (announced by SPUBLISH), absent
 -- otherwise (PUBLISH): one argument fewer for Redis to read on every release of a single server.
 -- The message is the released token, which tells one release from the next.
--- Returns 1 when our lease was removed, 0 when it was not ours (gone, another token, another
--- type).
+-- ARGV[3] = milliseconds left of the lease's `hold_at_least`, given only while it runs (ARGV[2]
+-- is then '' rather than absent): see the branch below.
+-- Returns 1 when our lease was removed (or kept), 0 when it was not ours (gone, another token,
+-- another type).
 local key, token = KEYS[1], ARGV[1]
+if ARGV[3] then
+  -- hold_at_least: the key is not freed yet. It keeps its holder's token (a shared lock, its
+  -- holder's field) and expires when the hold is over, longer or sooner than its lease; nothing
+  -- is announced, as nothing is free.
+  local kept = tonumber(ARGV[3])
+  local holder = redis.pcall('GET', key)
+  if holder == token or holder == token .. '+' then
+    redis.call('PEXPIRE', key, kept)
+    return 1
+  elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash' then
+    local clock = redis.call('TIME')
+    local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    local expires = tonumber(redis.call('HGET', key, token))
+    if expires and expires > now then
+      redis.call('HSET', key, token, string.format('%d', now + kept))
+      if redis.call('PTTL', key) < kept then
+        redis.call('PEXPIRE', key, kept)
+      end
+      return 1
+    end
+  end
+  return 0
+end
 local holder = redis.pcall('GET', key)
 if holder == token then
   redis.call('DEL', key)
