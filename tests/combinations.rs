@@ -9,8 +9,8 @@
 //! case put together gets the lock, and no waiter sleeps while the key it waits for is free for
 //! longer than [`FREE_SLEEP_LIMIT`] (fair waiters alone: [`FAIR_FREE_SLEEP_LIMIT`]; on
 //! Redlock it is reported, not bounded). A key kept by `hold_at_least` counts as held until
-//! the hold is over; as its end is not announced (a lease running out), once a hold kept a key,
-//! sleeps on it are not bounded and a waiter for it may give up as busy. The longest such sleep of the run is printed
+//! the hold is over (its waiters are told to look again when a hold keeps a key, and find it
+//! free when the hold ends). The longest sleep on a free key of the run is printed
 //! (`--no-capture`). A failing case is shrunk by proptest and printed; shrunk failures are kept
 //! as plain regression tests in `tests/conformance/suite.rs`.
 
@@ -151,8 +151,6 @@ struct KeyState {
     /// Each holder, and when it left its work while its `hold_at_least` runs: until when the
     /// key is kept for it.
     holders: Vec<(usize, Kind, Option<Instant>)>,
-    /// A hold kept the key once: its end is not announced.
-    held_over: bool,
     /// Waiters by [`PLAIN`] / [`FAIR`].
     waiting: [usize; 2],
     /// Since when the key is free while someone of each kind waits for it.
@@ -165,7 +163,7 @@ impl Model {
         state
             .holders
             .retain(|(_, _, kept)| kept.is_none_or(|until| until > now));
-        let free = state.holders.is_empty() && !state.held_over;
+        let free = state.holders.is_empty();
         let idle = [
             free && state.waiting[PLAIN] > 0,
             free && state.waiting[PLAIN] == 0 && state.waiting[FAIR] > 0,
@@ -220,7 +218,6 @@ impl Model {
         let state = self.keys.entry(key).or_default();
         match kept_until.filter(|&until| until > now) {
             Some(until) => {
-                state.held_over = true;
                 for (holder, _, kept) in &mut state.holders {
                     if *holder == call {
                         *kept = Some(until);
@@ -308,10 +305,9 @@ fn check(
         model.violations
     );
     for (call, outcome) in scenario.calls.iter().zip(outcomes) {
-        let held_over = model.keys.get(&call.key).is_some_and(|key| key.held_over);
         match outcome {
             Ok(()) => {}
-            Err(LockError::Busy { .. }) if call.wait.is_none() || held_over => {}
+            Err(LockError::Busy { .. }) if call.wait.is_none() => {}
             // Availability is not what is tested where it is not promised (Redlock under load:
             // a master slower than its per-master budget leaves no majority): safety is.
             Err(LockError::NoQuorum { .. } | LockError::Redis { .. })

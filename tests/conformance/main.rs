@@ -50,6 +50,7 @@ macro_rules! conformance {
                 waiters_take_the_key_once_the_hold_has_passed,
                 a_hold_passed_or_nested_releases_as_usual,
                 a_shared_holders_hold_keeps_its_place,
+                a_waiter_elsewhere_wakes_at_the_holds_end_not_the_leases,
             );
         }
     };

@@ -1555,5 +1555,50 @@ pub async fn a_shared_holders_hold_keeps_its_place(deployment: &impl Deployment)
         "the writer got in {:?} after the acquire, within the reader's hold",
         writer_in - before_acquire
     );
-    freed(deployment, "report:permit", Duration::from_secs(10)).await;
+    // A permit is a hash: asked through the library, not read as a holder's string.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while locks.inspect("report:permit").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the permit still held after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A holder with a long lease releases early under a short hold: a waiter of another client,
+/// told earlier to sleep out that lease, is told to look again and gets in when the hold ends,
+/// not when the lease would have.
+pub async fn a_waiter_elsewhere_wakes_at_the_holds_end_not_the_leases(
+    deployment: &impl Deployment,
+) {
+    let locks = deployment.client().await;
+    let other = deployment.another_client().await;
+    let before_acquire = Instant::now();
+    let held = locks
+        .acquire("report:daily", opts(30_000).hold_at_least(HOLD))
+        .await
+        .unwrap();
+    let remote = tokio::spawn(async move {
+        other
+            .run_locked(
+                "report:daily",
+                opts(5_000).wait(Duration::from_secs(60)),
+                async { Instant::now() },
+            )
+            .await
+    });
+    deployment.waiter_subscribed("report:daily").await;
+    held.release().await.unwrap();
+    let entered = remote.await.unwrap().unwrap();
+    assert!(
+        entered + CLOCK_SLACK >= before_acquire + HOLD,
+        "the waiter got in {:?} after the acquire, within the hold",
+        entered - before_acquire
+    );
+    assert!(
+        entered < before_acquire + HOLD + Duration::from_secs(5),
+        "the waiter got in {:?} after the acquire: it slept out the 30 s lease",
+        entered - before_acquire
+    );
 }

@@ -308,6 +308,14 @@ impl MemoryStore {
         }
     }
 
+    /// An announcement of no release: the key's end moved, and its waiters look again.
+    fn look_again(&self, key: &str) {
+        let _ = self.inner.releases.send(Released {
+            key: key.to_owned(),
+            token: String::new(),
+        });
+    }
+
     fn announce(&self, lease: LeaseRef<'_>) {
         // Nobody listening is fine: waiters also go by the holder's remaining lease.
         let _ = self.inner.releases.send(Released {
@@ -393,8 +401,18 @@ impl Store for MemoryStore {
                 let now = Instant::now();
                 if let Some(kept) = lease.kept_for() {
                     // `hold_at_least`, as the release script: the holder stays until the hold
-                    // is over, announced to nobody.
-                    return Ok(data.keep(lease, now + kept, now));
+                    // is over, and whoever waits or listens is told to look again.
+                    let listened = data.listeners.contains_key(lease.key)
+                        || matches!(
+                            data.live(lease.key, now),
+                            Some(Held::Exclusive { waited: true, .. } | Held::Shared { .. })
+                        );
+                    let ours = data.keep(lease, now + kept, now);
+                    drop(data);
+                    if ours && listened {
+                        self.look_again(lease.key);
+                    }
+                    return Ok(ours);
                 }
                 match data.live(lease.key, now) {
                     Some(held @ Held::Exclusive { .. }) if held.held_by(lease.token, now) => {

@@ -16,12 +16,18 @@
 local key, token = KEYS[1], ARGV[1]
 if ARGV[3] then
   -- hold_at_least: the key is not freed yet. It keeps its holder's token (a shared lock, its
-  -- holder's field) and expires when the hold is over, longer or sooner than its lease; nothing
-  -- is announced, as nothing is free.
+  -- holder's field) and expires when the hold is over, longer or sooner than its lease. Nothing
+  -- is free, but the key's end moved: whoever waits or listens is told to look again (an empty
+  -- message, no token released), so a waiter sleeps until the hold's end, not its lease's.
   local kept = tonumber(ARGV[3])
+  local sharded = ARGV[2] == 'sharded'
   local holder = redis.pcall('GET', key)
   if holder == token or holder == token .. '+' then
     redis.call('PEXPIRE', key, kept)
+    local listening = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
+    if holder ~= token or listening.err or listening[2] > 0 then
+      redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], '')
+    end
     return 1
   elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash' then
     local clock = redis.call('TIME')
@@ -32,6 +38,7 @@ if ARGV[3] then
       if redis.call('PTTL', key) < kept then
         redis.call('PEXPIRE', key, kept)
       end
+      redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], '')
       return 1
     end
   end
