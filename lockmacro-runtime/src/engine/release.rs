@@ -21,6 +21,7 @@ impl Engine {
         let lease = right.lease().clone();
         self.renewals.deregister(lease.id);
         if lease.kind == LockKind::Exclusive
+            && lease.keys.is_empty()
             && let Some(store) = self.store.hands_over()
             && !self.closing.is_closed()
             && let Some(next) = self.waits.next_candidate(&lease.key)
@@ -34,7 +35,9 @@ impl Engine {
         right.disarm();
         metrics::release(&lease.prefix, "confirmed");
         if released {
-            self.waits.released_here(&lease.key, &lease.token);
+            for key in lease.all_keys() {
+                self.waits.released_here(key, &lease.token);
+            }
         }
         Ok(released)
     }
@@ -51,6 +54,7 @@ impl Engine {
         let lease = right.lease().clone();
         let to = LeaseRef {
             key: &lease.key,
+            keys: &[],
             token: &next.token,
             kind: LockKind::Exclusive,
             ttl: next.options.ttl,
