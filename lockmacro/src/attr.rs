@@ -688,6 +688,47 @@ mod tests {
     }
 
     #[test]
+    fn key_lists_name_a_key_and_are_exclusive() {
+        let parse = |tokens| super::Configuration::parse(tokens).map(drop);
+        assert!(parse(quote!(prefix = "p", key = [a, b], mode = write, wait = 3)).is_ok());
+        assert!(parse(quote!(prefix = "p", key = [a])).is_ok());
+        let empty = parse(quote!(prefix = "p", key = [])).unwrap_err();
+        assert!(
+            empty.to_string().contains("`key = []` names no key"),
+            "{empty}"
+        );
+        let every = parse(quote!(
+            prefix = "p",
+            key = [a, b],
+            mode = read,
+            fencing = true,
+            fair = true
+        ))
+        .unwrap_err();
+        assert_eq!(
+            every.into_iter().count(),
+            3,
+            "each clash at its own argument"
+        );
+        let permits = parse(quote!(prefix = "p", permits = 2, key = [a, b])).unwrap_err();
+        assert!(
+            permits.to_string().contains("`permits` cannot be combined"),
+            "{permits}"
+        );
+        // Off, they clash with nothing; on one key, nothing clashes.
+        assert!(
+            parse(quote!(
+                prefix = "p",
+                key = [a, b],
+                fencing = false,
+                fair = false
+            ))
+            .is_ok()
+        );
+        assert!(parse(quote!(prefix = "p", key = a, mode = read, fencing = true)).is_ok());
+    }
+
+    #[test]
     fn every_bad_argument_is_reported() {
         let error = super::Configuration::parse(quote!(ttl = 0, bogus = 1, wait = "2d", ttl = 1))
             .err()
