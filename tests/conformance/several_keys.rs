@@ -20,6 +20,11 @@ pub async fn several_keys_are_taken_all_or_none(deployment: &impl Deployment) {
     // and must be given back.
     let mut keys = vec!["transfer:1", "transfer:2", "transfer:3"];
     keys.sort_by_key(|key| protocol::slot_number(key));
+    let slots: Vec<u16> = keys.iter().map(|key| protocol::slot_number(key)).collect();
+    assert!(
+        slots[0] < slots[1] && slots[1] < slots[2],
+        "three slots: {slots:?}"
+    );
     let busy = keys[2];
     let other = locks.acquire(busy, opts(30_000)).await.unwrap();
     let ran = AtomicBool::new(false);
