@@ -311,7 +311,8 @@ impl<T: Transport> RedisStore<T> {
         self.settings().background.spawn(async move {
             let lease = abandoned.as_ref();
             if !lease.keys.is_empty() {
-                if !store.release_groups_on(&mut connection, lease).await {
+                let groups = Self::key_groups(lease.keys);
+                if !store.release_groups_on(&mut connection, lease, &groups).await {
                     release_until_settled(&store, lease).await;
                 }
                 return;
@@ -371,12 +372,18 @@ impl<T: Transport> RedisStore<T> {
         ))
     }
 
-    /// Releases `groups` of a multi-key `lease` one after the other on `connection` (so each
-    /// reaches its server after the acquire sent on it): `true` when every one was answered.
-    async fn release_groups_on(&self, connection: &mut T::Connection, lease: LeaseRef<'_>) -> bool {
+    /// Releases `groups` of the keys of a multi-key `lease` one after the other on `connection`
+    /// (so each reaches its server after the acquire sent on it): `true` when every one was
+    /// answered.
+    async fn release_groups_on(
+        &self,
+        connection: &mut T::Connection,
+        lease: LeaseRef<'_>,
+        groups: &[Vec<usize>],
+    ) -> bool {
         let budget = self.settings().response_timeout;
-        for group in Self::key_groups(lease.keys) {
-            let Ok(cmd) = self.release_group_cmd(lease, &group) else {
+        for group in groups {
+            let Ok(cmd) = self.release_group_cmd(lease, group) else {
                 return true;
             };
             let key = &lease.keys[group[0]];
@@ -458,9 +465,11 @@ impl<T: Transport> RedisStore<T> {
                 Err(SendError::Unknown(error)) => return Err(error),
             };
             // Busy: nothing of this group was taken; give back the groups before it.
-            if at == 0
+            let taken = &groups[..at];
+            let lease = request.lease();
+            if taken.is_empty()
                 || self
-                    .release_groups_on(&mut undo.connection, request.lease())
+                    .release_groups_on(&mut undo.connection, lease, taken)
                     .await
             {
                 undo.disarm();
