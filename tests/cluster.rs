@@ -1,5 +1,6 @@
 //! What is particular to Redis Cluster: a script cache emptied on one node, keys whose braces
-//! cannot keep the lock's own names in its slot, and renewals spread over the masters.
+//! cannot keep the lock's own names in its slot, renewals spread over the masters, and locks over
+//! keys in several slots.
 
 use std::time::Duration;
 
@@ -154,4 +155,58 @@ async fn cluster_builder_on_a_plain_server_says_it_is_not_a_cluster() {
     assert!(message.contains("not a cluster"), "{message}");
     assert!(message.contains("LockClient::builder"), "{message}");
     assert!(!message.contains("cannot reach"), "{message}");
+}
+
+fn evalsha_calls(node: &testkit::RedisServer) -> u64 {
+    let info: String = redis::from_redis_value(node.command(&["INFO", "commandstats"])).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A lock over several keys: keys that share a slot (one hash tag) are taken in one script call
+/// and released in one; keys across slots take one call per slot, and a busy slot gives back
+/// the slots taken before it, whatever order the caller named them in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_keys_take_one_call_per_slot_and_a_busy_slot_undoes_the_others() {
+    let cluster = RedisCluster::start(3, 0);
+    let locks = client(&cluster).await;
+    let tagged = ["{user7}:cart", "{user7}:wallet", "{user7}:profile"];
+    let node = cluster.master_of(tagged[0]);
+    let before = evalsha_calls(node);
+    let lease = locks
+        .acquire_many(tagged, LockOptions::new())
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+    assert_eq!(
+        evalsha_calls(node) - before,
+        2,
+        "one call to take, one to release"
+    );
+
+    // Four keys in four slots; the busy one is the last in slot order.
+    let mut keys = ["spread:a", "spread:b", "spread:c", "spread:d"];
+    keys.sort_by_key(|key| cluster.slot_of(key));
+    let slots = keys.map(|key| cluster.slot_of(key));
+    assert!(slots.windows(2).all(|pair| pair[0] < pair[1]), "{slots:?}");
+    let busy = keys[3];
+    let other = locks.acquire(busy, LockOptions::new()).await.unwrap();
+    for named in [keys, [keys[3], keys[2], keys[1], keys[0]]] {
+        let refused = locks.acquire_many(named, LockOptions::new()).await;
+        assert!(
+            matches!(&refused, Err(LockError::Busy { key, .. }) if key == busy),
+            "{refused:?}"
+        );
+        for key in &keys[..3] {
+            let held: Option<String> =
+                redis::from_redis_value(cluster.master_of(key).command(&["GET", key])).unwrap();
+            assert_eq!(held, None, "`{key}` given back before Busy was answered");
+        }
+    }
+    other.release().await.unwrap();
+    let lease = locks.acquire_many(keys, LockOptions::new()).await.unwrap();
+    assert_eq!(lease.keys(), keys);
+    lease.release().await.unwrap();
 }

@@ -1,6 +1,6 @@
 //! Generated tests over combinations of options: random callers across one to three clients on
-//! a few keys, each with a random lock kind, fencing, fairness, wait, `hold_at_least` and time
-//! spent holding, run at once
+//! a few keys, each with a random lock kind, fencing, fairness, wait, `hold_at_least`, hold
+//! time and one key or both at once (`run_locked_many`), run at once
 //! on one Redis, a Cluster, Redlock (after a master restarted empty too) and the in-memory
 //! store.
 //!
@@ -60,9 +60,20 @@ struct Call {
     hold: Duration,
     /// `hold_at_least`, off when zero.
     hold_at_least: Duration,
+    /// Locks both keys at once, `key` first (an exclusive lock that is neither fenced nor
+    /// fair: a key list is none of those).
+    both: bool,
 }
 
 impl Call {
+    /// The keys it locks, in the order it names them.
+    fn keys(&self) -> Vec<usize> {
+        match self.both {
+            true => vec![self.key, 1 - self.key],
+            false => vec![self.key],
+        }
+    }
+
     fn options(&self) -> LockOptions {
         let options = LockOptions::new()
             .ttl(TTL)
@@ -109,9 +120,10 @@ fn scenario(fencing: bool) -> impl Strategy<Value = Scenario> {
         0u64..40,
         0u64..=MAX_HOLD_MS,
         prop_oneof![4 => Just(0), 1 => 1u64..=MAX_HOLD_AT_LEAST_MS],
+        prop::bool::weighted(0.25),
     )
         .prop_map(
-            |(client, key, kind, fencing, fair, wait, start, hold, hold_at_least)| Call {
+            |(client, key, kind, fencing, fair, wait, start, hold, hold_at_least, both)| Call {
                 client,
                 key,
                 kind,
@@ -121,6 +133,7 @@ fn scenario(fencing: bool) -> impl Strategy<Value = Scenario> {
                 start: Duration::from_millis(start),
                 hold: Duration::from_millis(hold),
                 hold_at_least: Duration::from_millis(hold_at_least),
+                both: both && kind == Kind::Exclusive && !fencing && !fair,
             },
         );
     (1usize..=3, prop::collection::vec(call, 2..=MAX_CALLS)).prop_map(|(clients, mut calls)| {
@@ -241,39 +254,57 @@ async fn run(
     let mut tasks = Vec::new();
     for (index, call) in scenario.calls.iter().cloned().enumerate() {
         let (locks, model) = (clients[call.client].clone(), model.clone());
-        let key = format!("{{combo{case}}}:{}", call.key);
+        let keys: Vec<String> = call
+            .keys()
+            .iter()
+            .map(|key| format!("{{combo{case}}}:{key}"))
+            .collect();
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(started + call.start).await;
-            let waits = call.wait.is_some();
+            // A waiter for both keys is not asleep on a free key while the other is held: the
+            // free-sleep bound is about waiters for one key.
+            let waits = call.wait.is_some() && !call.both;
             let class = if call.fair { FAIR } else { PLAIN };
             if waits {
                 model.lock().unwrap().start_waiting(call.key, class);
             }
             let work = {
-                let model = model.clone();
+                let (model, held, key, kind, hold, hold_at_least) = (
+                    model.clone(),
+                    call.keys(),
+                    call.key,
+                    call.kind,
+                    call.hold,
+                    call.hold_at_least,
+                );
                 async move {
                     {
                         let mut model = model.lock().unwrap();
                         if waits {
-                            model.stop_waiting(call.key, class);
+                            model.stop_waiting(key, class);
                         }
-                        model.enter(index, call.key, call.kind);
+                        for &key in &held {
+                            model.enter(index, key, kind);
+                        }
                     }
                     // The hold counts from the acquire's send: its lease's deadline less its
                     // validity (no renewal yet), less a little for the clocks' rounding.
                     let time_left = lockmacro_runtime::LockContext::current()
                         .expect("under the lock")
                         .time_left();
-                    let kept_until = (!call.hold_at_least.is_zero()).then(|| {
-                        Instant::now() + time_left + call.hold_at_least
+                    let kept_until = (!hold_at_least.is_zero()).then(|| {
+                        Instant::now() + time_left + hold_at_least
                             - VALIDITY
                             - Duration::from_millis(5)
                     });
-                    tokio::time::sleep(call.hold).await;
-                    model.lock().unwrap().leave(index, call.key, kept_until);
+                    tokio::time::sleep(hold).await;
+                    let mut model = model.lock().unwrap();
+                    for key in held {
+                        model.leave(index, key, kept_until);
+                    }
                 }
             };
-            let outcome = locks.run_locked(key, call.options(), work).await;
+            let outcome = locks.run_locked_many(keys, call.options(), work).await;
             if waits && outcome.is_err() {
                 model.lock().unwrap().stop_waiting(call.key, class);
             }

@@ -1,7 +1,7 @@
 //! The in-memory store against a real Redis: generated sequences of calls run one after another
 //! on both, and every outcome is compared — taken or busy, `Busy`'s `retry_after`, errors and
 //! their fields, fencing tokens (present, strictly increasing per key, never below the clock),
-//! reentrancy across kinds, renewals, keys kept by `hold_at_least`.
+//! reentrancy across kinds, renewals, keys kept by `hold_at_least`, locks over several keys.
 //!
 //! The in-memory store is what users test against; any difference here is a test of theirs that
 //! passes while production behaves otherwise.
@@ -82,6 +82,13 @@ enum Step {
     },
     /// Client `client` holds `key` until its renewals of a short lease run out.
     Renewed { client: usize, key: usize },
+    /// Client `client` takes every key of `keys` at once (repeats and all); the lease goes to
+    /// the next free slot.
+    AcquireMany {
+        client: usize,
+        keys: Vec<usize>,
+        options: Options,
+    },
 }
 
 fn options() -> impl Strategy<Value = Options> {
@@ -114,6 +121,8 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         2 => (0usize..2, 0usize..2, options(), options())
             .prop_map(|(client, key, outer, inner)| Step::Nested { client, key, outer, inner }),
         1 => (0usize..2, 0usize..2).prop_map(|(client, key)| Step::Renewed { client, key }),
+        2 => (0usize..2, prop::collection::vec(0usize..2, 1..4), options())
+            .prop_map(|(client, keys, options)| Step::AcquireMany { client, keys, options }),
     ];
     prop::collection::vec(step, 1..12)
 }
@@ -225,6 +234,24 @@ async fn run(deployment: &impl Deployment, prefix: &str, steps: &[Step]) -> Vec<
                             Err(error) => describe(error),
                         };
                         Seen::Nested(Box::new(Seen::Taken { fencing }), Box::new(nested))
+                    }
+                    Err(error) => describe(error),
+                }
+            }
+            Step::AcquireMany {
+                client,
+                keys,
+                options,
+            } => {
+                let keys: Vec<String> = keys.iter().map(|k| key(*k)).collect();
+                let acquired = clients[*client]
+                    .acquire_many(keys.clone(), options.build())
+                    .await;
+                match acquired {
+                    Ok(lease) => {
+                        let fencing = judge(&mut last_fence, &keys[0], lease.fencing_token(), 0);
+                        held.push(lease);
+                        Seen::Taken { fencing }
                     }
                     Err(error) => describe(error),
                 }

@@ -354,3 +354,78 @@ async fn debug_of_an_unreachable_redis_shows_no_empty_fields() {
         assert!(!debug.contains(empty), "{empty:?} in {debug}");
     }
 }
+
+struct Bank {
+    locks: LockClient,
+}
+
+struct Account {
+    id: u64,
+}
+
+impl Bank {
+    /// Both accounts at once, in the order the caller names them.
+    #[redis_lock(prefix = "accounts", key = [from.id, to.id], wait = "10s", client = self.locks)]
+    async fn transfer(
+        &self,
+        from: &Account,
+        to: &Account,
+        inside: Option<oneshot::Sender<Vec<String>>>,
+        leave: Option<oneshot::Receiver<()>>,
+    ) -> Result<Vec<String>, LockError> {
+        let keys = LockContext::current().unwrap().keys().to_vec();
+        if let Some(inside) = inside {
+            let _ = inside.send(keys.clone());
+        }
+        if let Some(leave) = leave {
+            let _ = leave.await;
+        }
+        Ok(keys)
+    }
+}
+
+#[tokio::test]
+async fn a_key_list_locks_every_key_and_opposite_calls_wait_for_each_other() {
+    let server = RedisServer::start();
+    let bank = Arc::new(Bank {
+        locks: LockClient::builder(&server.url()).build().await.unwrap(),
+    });
+    let (a, b) = (Account { id: 1 }, Account { id: 2 });
+    let (inside_tx, inside) = oneshot::channel();
+    let (leave, leave_rx) = oneshot::channel();
+    let first = tokio::spawn({
+        let bank = bank.clone();
+        async move {
+            let (a, b) = (Account { id: 1 }, Account { id: 2 });
+            bank.transfer(&a, &b, Some(inside_tx), Some(leave_rx)).await
+        }
+    });
+    let keys = inside.await.unwrap();
+    assert_eq!(keys, ["accounts:1", "accounts:2"]);
+    for key in &keys {
+        assert!(get(&server, key).await.is_some(), "`{key}` held");
+    }
+    // The opposite transfer waits for the first to finish, and then holds both.
+    let opposite = tokio::spawn({
+        let bank = bank.clone();
+        async move { bank.transfer(&b, &a, None, None).await }
+    });
+    common::eventually(
+        Duration::from_secs(5),
+        "the opposite transfer parked",
+        || async { bank.locks.waiting("accounts:2") == 1 },
+    )
+    .await;
+    assert!(!opposite.is_finished());
+    leave.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), keys);
+    let reversed = tokio::time::timeout(Duration::from_secs(5), opposite)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reversed, ["accounts:2", "accounts:1"]);
+    for key in &keys {
+        key_gone(&server, key, Duration::from_secs(2)).await;
+    }
+}

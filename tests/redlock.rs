@@ -284,3 +284,50 @@ async fn one_clients_waiters_never_split_a_majority_between_them() {
     );
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
 }
+
+/// A lock over several keys on five masters: each master takes the whole set or none of it, and
+/// the majority rule is as for one key. A foreign value on one key of two masters costs nothing
+/// (the other three take the set, the two take none of it); on three masters the set is busy,
+/// naming that key, and nothing is left taken anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_master_takes_the_whole_set_or_none_of_it() {
+    let quorum = Redlock::start(5);
+    let locks = client(&quorum).await;
+    let keys = ["set:a", "set:b", "set:c"];
+    for server in &quorum.servers[..2] {
+        server.command(&["SET", "set:b", "someone-else", "PX", "30000"]);
+    }
+    let lease = locks.acquire_many(keys, opts(5_000)).await.unwrap();
+    for server in &quorum.servers[2..] {
+        for key in keys {
+            assert_eq!(value(server, key).as_deref(), Some(lease.token()), "{key}");
+        }
+    }
+    for server in &quorum.servers[..2] {
+        for key in ["set:a", "set:c"] {
+            assert_eq!(
+                value(server, key),
+                None,
+                "all or none on each master: {key}"
+            );
+        }
+    }
+    lease.release().await.unwrap();
+    for server in &quorum.servers {
+        for key in ["set:a", "set:c"] {
+            assert_eq!(value(server, key), None, "released: {key}");
+        }
+    }
+
+    quorum.servers[2].command(&["SET", "set:b", "someone-else", "PX", "30000"]);
+    let busy = locks.acquire_many(keys, opts(5_000)).await;
+    assert!(
+        matches!(&busy, Err(LockError::Busy { key, .. }) if key == "set:b"),
+        "{busy:?}"
+    );
+    for server in &quorum.servers {
+        for key in ["set:a", "set:c"] {
+            assert_eq!(value(server, key), None, "nothing left taken: {key}");
+        }
+    }
+}

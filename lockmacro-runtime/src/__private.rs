@@ -23,6 +23,20 @@ pub mod v0_1_0 {
         crate::key::prefixed_key(prefix, key)
     }
 
+    /// `"{prefix}:{key}"` for each key of `key = [...]`, checked, repeats dropped.
+    pub fn prefixed_keys(prefix: &str, keys: &[&dyn Display]) -> Result<Vec<String>, LockError> {
+        let keys = keys
+            .iter()
+            .map(|key| crate::key::prefixed_key(prefix, *key))
+            .collect::<Result<Vec<_>, _>>()?;
+        crate::key::key_list(keys)
+    }
+
+    /// One key of `key = [...]`, as the list holds it.
+    pub fn key_part<K: Display>(key: &K) -> &dyn Display {
+        key
+    }
+
     /// The prefix alone, for a lock without `key`.
     pub fn prefix_only_key(prefix: &str) -> Result<String, LockError> {
         crate::key::check_key(prefix.to_owned())
@@ -87,6 +101,22 @@ pub mod v0_1_0 {
         let (key, mut options) = (key?, options?);
         options.label = Some(prefix);
         client?.run_locked_judged(key, options, body, failed).await
+    }
+
+    /// [`run`] for `key = [...]`: every key at once.
+    pub async fn run_many<F: Future>(
+        client: Result<LockClient, LockError>,
+        keys: Result<Vec<String>, LockError>,
+        options: Result<LockOptions, LockError>,
+        prefix: &'static str,
+        body: F,
+        failed: impl FnOnce(&F::Output) -> bool,
+    ) -> Result<F::Output, LockError> {
+        let (keys, mut options) = (keys?, options?);
+        options.label = Some(prefix);
+        client?
+            .run_locked_many_judged(keys, options, body, failed)
+            .await
     }
 
     /// Judges a function's output for the metrics: `(&Judge(&output)).failed()` is

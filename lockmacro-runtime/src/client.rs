@@ -8,7 +8,7 @@ use crate::builder::{LockClientBuilder, Parts};
 use crate::context;
 use crate::engine::Engine;
 use crate::error::LockError;
-use crate::key::check_key;
+use crate::key::{check_key, key_list};
 use crate::lease::Lease;
 use crate::metrics::End;
 use crate::options::LockOptions;
@@ -292,6 +292,134 @@ impl LockClient {
         options: LockOptions,
     ) -> Result<Lease, LockError> {
         self.acquire_checked(check_key(key.into())?, options).await
+    }
+
+    /// Runs `work` while holding every lock of `keys` at once, the programmatic twin of
+    /// `#[redis_lock(key = [...])]`: a transfer holding both accounts, a job holding the set of
+    /// resources it touches.
+    ///
+    /// All or none: the keys are taken in one atomic attempt (one script call on one Redis or
+    /// Sentinel; slot by slot in slot order on a Cluster, with the slots taken undone when
+    /// one is busy; the whole set on each Redlock master), so `[a, b]` and `[b, a]` exclude each
+    /// other and never deadlock. Equal keys count once; at most [`MAX_KEYS`](crate::MAX_KEYS)
+    /// distinct keys. The locks are exclusive: `read`, `permits`, `fencing` and `fair` options
+    /// are refused. One lease covers every key: renewed together, lost when any key is lost,
+    /// released together (each release announced to its waiters). With
+    /// [`LockOptions::wait`], a busy set is waited for, woken by the release of the key that
+    /// kept it out. [`LockContext::keys`](crate::LockContext::keys) lists the keys inside.
+    ///
+    /// A list of one key (after repeats are dropped) is [`run_locked`](Self::run_locked) on it.
+    /// A call made while the current task already holds every one of `keys` through this
+    /// client (in one lock or several) re-enters; holding only some of them is an
+    /// [`LockError::InvalidOptions`], since taking the rest while holding those is how
+    /// deadlocks start: take the whole set in one call.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: lockmacro_runtime::LockClient) -> Result<(), lockmacro_runtime::LockError> {
+    /// use lockmacro_runtime::LockOptions;
+    ///
+    /// locks
+    ///     .run_locked_many(["accounts:17", "accounts:4"], LockOptions::new(), async {
+    ///         // move money between accounts 17 and 4
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`run_locked`](Self::run_locked); [`LockError::Busy`] names the first busy key found;
+    /// [`LockError::InvalidKey`] for an empty list, an empty or over-long key, or more than
+    /// [`MAX_KEYS`](crate::MAX_KEYS) distinct keys, before any I/O.
+    ///
+    /// # Cancellation safety
+    /// As [`run_locked`](Self::run_locked): dropping the future releases every key taken.
+    pub async fn run_locked_many<F: Future>(
+        &self,
+        keys: impl IntoIterator<Item = impl Into<String>>,
+        options: LockOptions,
+        work: F,
+    ) -> Result<F::Output, LockError> {
+        let keys = key_list(keys.into_iter().map(Into::into))?;
+        self.run_locked_many_judged(keys, options, work, |_| false)
+            .await
+    }
+
+    /// [`run_locked_many`](Self::run_locked_many) over checked, distinct `keys`, with `failed`
+    /// telling which outputs count as errors in the metrics.
+    pub(crate) async fn run_locked_many_judged<F: Future>(
+        &self,
+        mut keys: Vec<String>,
+        options: LockOptions,
+        work: F,
+        failed: impl FnOnce(&F::Output) -> bool,
+    ) -> Result<F::Output, LockError> {
+        if keys.len() == 1 {
+            let key = keys.swap_remove(0);
+            return self.run_locked_judged(key, options, work, failed).await;
+        }
+        let held: Vec<_> = keys
+            .iter()
+            .map(|key| context::held(self.engine.id, key))
+            .collect();
+        if held.iter().any(Option::is_some) {
+            return match held.iter().position(Option::is_none) {
+                None if held.iter().flatten().all(|kind| kind.grants(options.kind)) => {
+                    Ok(work.await)
+                }
+                None => Err(LockError::InvalidOptions {
+                    message: format!(
+                        "some of {keys:?} are held by this task as locks that do not include an \
+                         exclusive lock; release them before taking the set"
+                    ),
+                }),
+                Some(missing) => Err(LockError::InvalidOptions {
+                    message: format!(
+                        "this task holds some of {keys:?} but not `{}`: taking the rest while \
+                         holding some is how deadlocks start; take the whole set in one call",
+                        keys[missing]
+                    ),
+                }),
+            };
+        }
+        let lease = self.acquire_many_checked(keys, options).await?;
+        let outcome = lease.run(work).await;
+        if let Ok(output) = &outcome {
+            lease.record_end(if failed(output) { End::Err } else { End::Ok });
+        }
+        if let Err(err) = lease.release().await {
+            tracing::warn!(error = %err, "lock release not confirmed; retrying in the background");
+        }
+        outcome
+    }
+
+    /// Takes every lock of `keys` at once and returns the one [`Lease`] that covers them, as
+    /// [`run_locked_many`](Self::run_locked_many) does; [`Lease::keys`] lists them.
+    ///
+    /// # Errors
+    /// As [`run_locked_many`](Self::run_locked_many) for acquiring.
+    ///
+    /// # Cancellation safety
+    /// If dropped while the attempt is in flight, every key it may have taken is released in
+    /// the background.
+    pub async fn acquire_many(
+        &self,
+        keys: impl IntoIterator<Item = impl Into<String>>,
+        options: LockOptions,
+    ) -> Result<Lease, LockError> {
+        let keys = key_list(keys.into_iter().map(Into::into))?;
+        self.acquire_many_checked(keys, options).await
+    }
+
+    async fn acquire_many_checked(
+        &self,
+        mut keys: Vec<String>,
+        options: LockOptions,
+    ) -> Result<Lease, LockError> {
+        if keys.len() == 1 {
+            return self.acquire_checked(keys.swap_remove(0), options).await;
+        }
+        let state = self.engine.acquire_many(keys, &options).await?;
+        Ok(Lease::new(state, self.engine.clone()))
     }
 
     async fn acquire_checked(&self, key: String, options: LockOptions) -> Result<Lease, LockError> {

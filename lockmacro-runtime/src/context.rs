@@ -39,7 +39,7 @@ pub(crate) fn scope<F: Future>(lease: Arc<LeaseState>, work: F) -> impl Future<O
 pub(crate) fn held(engine_id: u64, key: &str) -> Option<LockKind> {
     HELD.try_with(|held| {
         held.iter()
-            .find(|lease| lease.engine_id == engine_id && lease.key == key)
+            .find(|lease| lease.engine_id == engine_id && lease.covers(key))
             .map(|lease| lease.kind)
     })
     .ok()
@@ -84,9 +84,15 @@ impl LockContext {
         .ok()
     }
 
-    /// The Redis key.
+    /// The Redis key: the first of [`keys`](Self::keys) for a lock over several.
     pub fn key(&self) -> &str {
         &self.lease.key
+    }
+
+    /// Every Redis key the lock holds, in the order given, each once: one for a lock on one key,
+    /// several for `key = [...]` or [`LockClient::run_locked_many`](crate::LockClient::run_locked_many).
+    pub fn keys(&self) -> &[String] {
+        self.lease.all_keys()
     }
 
     /// The random value stored under the key: a UUID v4 in its simple form, 32 lowercase hex

@@ -1,9 +1,10 @@
 //! The lease engine of one client, shared by the client, its clones and every lease it handed
 //! out. A lock's life, in order: `acquire.rs` (at once, or by waiting: `wait.rs`), registered
 //! with the watchdog (`renewal.rs`), `release.rs` (or handed to the next waiter); the client's
-//! connect and shutdown here.
+//! connect and shutdown here. Several keys at once: `many.rs`.
 
 mod acquire;
+mod many;
 mod release;
 mod wait;
 
@@ -194,7 +195,11 @@ impl Engine {
                 lease.extension_settled().await;
             }
             match release_until_settled(store.as_ref(), lease.lease_ref()).await {
-                Some(true) => waker.released_here(&lease.key, &lease.token),
+                Some(true) => {
+                    for key in lease.all_keys() {
+                        waker.released_here(key, &lease.token);
+                    }
+                }
                 Some(false) => {}
                 None => metrics::release(&lease.prefix, "failed"),
             }

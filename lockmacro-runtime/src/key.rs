@@ -7,6 +7,38 @@ use crate::LockError;
 /// The longest lock key accepted, in bytes (Redis itself takes 512 MiB; a lock key this long is a bug).
 pub const MAX_KEY_LEN: usize = 64 * 1024;
 
+/// The most keys one lock may cover (`key = [...]`, [`LockClient::run_locked_many`]), counted
+/// once each: a lock over more is [`LockError::InvalidKey`] before any I/O. It bounds how long
+/// one script blocks Redis and how many release channels a waiter may listen on.
+///
+/// [`LockClient::run_locked_many`]: crate::LockClient::run_locked_many
+pub const MAX_KEYS: usize = 64;
+
+/// Checks every key of a multi-key lock and drops repeats (the first of equal keys stays, in
+/// the order given): at least one key, at most [`MAX_KEYS`] distinct ones.
+pub(crate) fn key_list(keys: impl IntoIterator<Item = String>) -> Result<Vec<String>, LockError> {
+    let mut distinct: Vec<String> = Vec::new();
+    for key in keys {
+        let key = check_key(key)?;
+        if !distinct.contains(&key) {
+            if distinct.len() == MAX_KEYS {
+                return Err(invalid(
+                    &distinct[0],
+                    "a lock covers at most 64 distinct keys (`MAX_KEYS`); split the work",
+                ));
+            }
+            distinct.push(key);
+        }
+    }
+    if distinct.is_empty() {
+        return Err(invalid(
+            "",
+            "a lock over a list of keys needs at least one key",
+        ));
+    }
+    Ok(distinct)
+}
+
 /// Renders `"{prefix}:{key}"`, rejecting a key part that renders empty.
 pub(crate) fn prefixed_key(prefix: &str, key: &dyn Display) -> Result<String, LockError> {
     let mut rendered = String::with_capacity(prefix.len() + 24);
@@ -70,6 +102,32 @@ mod tests {
         let err = prefixed_key("p", &"x".repeat(1 << 20)).unwrap_err();
         assert!(matches!(err, LockError::InvalidKey { .. }));
         assert!(err.to_string().len() < 300, "{err}");
+    }
+
+    #[test]
+    fn key_lists_drop_repeats_and_keep_within_the_limit() {
+        let keys = |n: usize| (0..n).map(|i| format!("k:{i}"));
+        assert_eq!(
+            key_list(["b", "a", "b"].map(String::from)).unwrap(),
+            ["b", "a"]
+        );
+        assert_eq!(key_list(keys(MAX_KEYS)).unwrap().len(), MAX_KEYS);
+        assert_eq!(
+            key_list(keys(MAX_KEYS).chain(keys(MAX_KEYS)))
+                .unwrap()
+                .len(),
+            MAX_KEYS
+        );
+        for refused in [
+            key_list(keys(MAX_KEYS + 1)),
+            key_list(keys(0)),
+            key_list([String::new()]),
+        ] {
+            assert!(
+                matches!(refused, Err(LockError::InvalidKey { .. })),
+                "{refused:?}"
+            );
+        }
     }
 
     #[test]

@@ -47,9 +47,14 @@ impl Lease {
         Self { state, engine }
     }
 
-    /// The Redis key.
+    /// The Redis key: the first of [`keys`](Self::keys) for a lease over several.
     pub fn key(&self) -> &str {
         &self.state.key
+    }
+
+    /// Every Redis key the lease holds, in the order given, each once (one for a lock on one key).
+    pub fn keys(&self) -> &[String] {
+        self.state.all_keys()
     }
 
     /// The random value stored under the key: proof of ownership.

@@ -18,7 +18,7 @@
 //! |---|---|
 //! | the attribute | [`redis_lock`] |
 //! | the client: connections and one watchdog thread | [`LockClient`], [`set_default_client`] |
-//! | the programmatic API | [`LockClient::run_locked`], [`LockClient::acquire`], [`Lease`] |
+//! | the programmatic API | [`LockClient::run_locked`], [`LockClient::acquire`], [`Lease`]; several keys at once: [`LockClient::run_locked_many`], [`LockClient::acquire_many`] |
 //! | inside locked work | [`LockContext`] |
 //! | inspecting and managing locks | [`LockClient::inspect`], [`LockClient::list`], [`LockClient::force_release`], [`LockClient::watch`] |
 //! | errors | [`LockError`] |
@@ -96,7 +96,7 @@ pub use context::LockContext;
 pub use default_client::{default_client, set_default_client};
 pub use error::LockError;
 pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL};
-pub use key::MAX_KEY_LEN;
+pub use key::{MAX_KEY_LEN, MAX_KEYS};
 pub use lease::Lease;
 pub use lockmacro::redis_lock;
 pub use options::{LockKind, LockOptions};

@@ -22,7 +22,7 @@ use crate::background::Background;
 use crate::clock::{self, nanos};
 use crate::metrics;
 use crate::state::LeaseState;
-use crate::store::{LeaseRef, Renewal, Store};
+use crate::store::{LeaseRef, Renewal, Store, StoreError};
 
 pub(crate) struct RenewalQueue {
     shared: Arc<Shared>,
@@ -175,8 +175,23 @@ fn scan(shared: &Arc<Shared>) -> u64 {
 
 async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
     let sent_at = clock::now();
-    let leases: Vec<LeaseRef<'_>> = due.iter().map(|lease| lease.lease_ref()).collect();
+    // A multi-key lease is extended key by key, in the same batch: it is extended when every
+    // key was, lost when any key was.
+    let mut leases: Vec<LeaseRef<'_>> = Vec::with_capacity(due.len());
+    for lease in &due {
+        let one = lease.lease_ref();
+        if one.keys.is_empty() {
+            leases.push(one);
+        } else {
+            leases.extend(one.keys.iter().map(|key| LeaseRef {
+                key,
+                keys: &[],
+                ..one
+            }));
+        }
+    }
     let outcomes = metrics::timed("extend", shared.store.extend(&leases)).await;
+    let outcomes = per_lease(&due, outcomes);
     drop(leases);
     // One backoff for the whole batch: its leases failed together and retry together.
     let in_a_row = due.iter().map(|lease| lease.failures()).max().unwrap_or(0);
@@ -227,4 +242,29 @@ async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
     if due.iter().any(|lease| shared.wakes_too_late_for(lease)) {
         shared.wake.notify_one();
     }
+}
+
+/// One outcome per lease from one per key: a multi-key lease is lost when any key was, extended
+/// when every key was, and failed otherwise.
+fn per_lease(due: &[Arc<LeaseState>], outcomes: Vec<Renewal>) -> Vec<Renewal> {
+    if outcomes.len() == due.len() {
+        return outcomes;
+    }
+    let mut outcomes = outcomes.into_iter();
+    due.iter()
+        .map(|lease| {
+            let keys = lease.keys.len().max(1);
+            outcomes
+                .by_ref()
+                .take(keys)
+                .reduce(|all, one| match (all, one) {
+                    (Renewal::Lost, _) | (_, Renewal::Lost) => Renewal::Lost,
+                    (Renewal::Failed(error), _) | (_, Renewal::Failed(error)) => {
+                        Renewal::Failed(error)
+                    }
+                    (Renewal::Extended, Renewal::Extended) => Renewal::Extended,
+                })
+                .unwrap_or_else(|| Renewal::Failed(StoreError::unavailable("no renewal reply")))
+        })
+        .collect()
 }

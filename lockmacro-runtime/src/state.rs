@@ -22,6 +22,8 @@ pub(crate) struct LeaseState {
     /// The engine that took it: reentrancy is per client.
     pub(crate) engine_id: u64,
     pub(crate) key: String,
+    /// Every key of a multi-key lease, `key` first; empty for a lease of one key.
+    pub(crate) keys: Box<[String]>,
     pub(crate) token: String,
     pub(crate) kind: LockKind,
     pub(crate) ttl: Duration,
@@ -77,6 +79,7 @@ impl LeaseState {
             id,
             engine_id,
             key,
+            keys: Box::default(),
             token,
             kind: options.kind,
             ttl: options.ttl,
@@ -104,10 +107,31 @@ impl LeaseState {
         }
     }
 
+    /// The same lease over every key of `keys` (the first is its `key`): a multi-key lease.
+    pub(crate) fn covering(mut self, keys: Vec<String>) -> Self {
+        self.keys = keys.into_boxed_slice();
+        self
+    }
+
+    /// Every key it holds, `key` first.
+    pub(crate) fn all_keys(&self) -> &[String] {
+        if self.keys.is_empty() {
+            std::slice::from_ref(&self.key)
+        } else {
+            &self.keys
+        }
+    }
+
+    /// Whether it holds `key`.
+    pub(crate) fn covers(&self, key: &str) -> bool {
+        self.key == key || self.keys.iter().any(|held| held == key)
+    }
+
     /// What the store needs to extend or release this lease.
     pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
         LeaseRef {
             key: &self.key,
+            keys: &self.keys,
             token: &self.token,
             kind: self.kind,
             ttl: self.ttl,

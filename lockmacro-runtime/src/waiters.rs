@@ -285,6 +285,11 @@ impl WaitQueue {
 }
 
 impl Ticket<'_> {
+    /// The key it waits for.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
     /// Offers to take the lock straight from a release of this client, as `token` with
     /// `options`, until the offer is withdrawn.
     pub(crate) fn offer(&self, token: &str, options: &LockOptions) -> Offer {

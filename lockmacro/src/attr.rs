@@ -90,6 +90,7 @@ impl Configuration {
             Ok(()) if !fields.seen.contains(&Argument::Prefix) => errors.push(missing_prefix()),
             Ok(()) => {}
         }
+        fields.key_list_clashes(&mut errors);
         errors.finish()?;
         Ok(Self {
             krate: fields.krate,
@@ -203,6 +204,9 @@ struct Fields {
     permits: Option<Kind>,
     permits_span: Option<Span>,
     fair: bool,
+    /// Where `fencing = true` and `fair = true` were written, for the clash with a key list.
+    fencing_span: Option<Span>,
+    fair_span: Option<Span>,
 }
 
 impl Fields {
@@ -271,13 +275,16 @@ impl Fields {
         };
         match argument {
             Argument::Prefix => self.prefix = Some(prefix(value)?),
-            Argument::Key => self.key = Some(value),
+            Argument::Key => self.key = Some(key(value)?),
             Argument::Ttl => self.ttl = Some(ttl(value)?),
             Argument::MaxRenewals => self.max_renewals = Some(max_renewals(&value)?),
             Argument::Wait => self.wait = Some(wait(value)?),
             Argument::HoldAtLeast => self.hold_at_least = Some(hold_at_least(value)?),
             Argument::Client => self.client = Some(value),
-            Argument::Fencing => self.fencing = boolean("fencing", &value)?,
+            Argument::Fencing => {
+                self.fencing = boolean("fencing", &value)?;
+                self.fencing_span = self.fencing.then(|| name.span());
+            }
             Argument::Mode => {
                 self.mode_span = Some(name.span());
                 self.mode = Some(mode(&value)?);
@@ -288,10 +295,48 @@ impl Fields {
                 self.permits = Some(permits(&value)?);
                 self.clash()?;
             }
-            Argument::Fair => self.fair = boolean("fair", &value)?,
+            Argument::Fair => {
+                self.fair = boolean("fair", &value)?;
+                self.fair_span = self.fair.then(|| name.span());
+            }
             Argument::Crate => self.krate = Some(crate_path(&value)?),
         }
         Ok(())
+    }
+
+    /// A lock over a list of keys is exclusive, unfenced and not fair: each argument that asks
+    /// otherwise is an error at its own name.
+    fn key_list_clashes(&self, errors: &mut Errors) {
+        if !matches!(self.key, Some(Expr::Array(_))) {
+            return;
+        }
+        let clashes = [
+            (
+                self.mode_span.filter(|_| self.mode == Some(Kind::Read)),
+                "`mode = read` cannot be combined with a list of keys: a lock over several keys is \
+                 exclusive; lock one key to share it with readers, or remove `mode`",
+            ),
+            (
+                self.permits_span,
+                "`permits` cannot be combined with a list of keys: a lock over several keys is \
+                 exclusive; lock one key as a semaphore, or remove `permits`",
+            ),
+            (
+                self.fencing_span,
+                "`fencing = true` cannot be combined with a list of keys: a lock over several keys \
+                 hands out no fencing token; fence with a lock on one key, or remove `fencing`",
+            ),
+            (
+                self.fair_span,
+                "`fair = true` cannot be combined with a list of keys: waiters for several keys are \
+                 not served in arrival order; lock one key, or remove `fair`",
+            ),
+        ];
+        for (span, message) in clashes {
+            if let Some(span) = span {
+                errors.push(Error::new(span, message));
+            }
+        }
     }
 
     /// `mode` and `permits` together make no sense: a semaphore's holders share it already.
@@ -328,6 +373,19 @@ fn prefix(value: Expr) -> syn::Result<LitStr> {
             other,
             "`prefix` must be a string literal; write `prefix = \"orders\"`",
         )),
+    }
+}
+
+/// Any expression; a bracketed list (`key = [from.id, to.id]`, several keys at once) names at
+/// least one key.
+fn key(value: Expr) -> syn::Result<Expr> {
+    match value {
+        Expr::Array(list) if list.elems.is_empty() => Err(Error::new_spanned(
+            list,
+            "`key = []` names no key; list the keys to lock together, such as \
+             `key = [from.id, to.id]`, or omit `key` to lock the prefix alone",
+        )),
+        other => Ok(other),
     }
 }
 
@@ -671,6 +729,47 @@ mod tests {
         assert!(super::Configuration::parse(quote!(prefix = "p", permits = 0)).is_err());
         assert!(super::Configuration::parse(quote!(prefix = "p", mode = banana)).is_err());
         assert!(super::Configuration::parse(quote!(prefix = "p", fair = "yes")).is_err());
+    }
+
+    #[test]
+    fn key_lists_name_a_key_and_are_exclusive() {
+        let parse = |tokens| super::Configuration::parse(tokens).map(drop);
+        assert!(parse(quote!(prefix = "p", key = [a, b], mode = write, wait = 3)).is_ok());
+        assert!(parse(quote!(prefix = "p", key = [a])).is_ok());
+        let empty = parse(quote!(prefix = "p", key = [])).unwrap_err();
+        assert!(
+            empty.to_string().contains("`key = []` names no key"),
+            "{empty}"
+        );
+        let every = parse(quote!(
+            prefix = "p",
+            key = [a, b],
+            mode = read,
+            fencing = true,
+            fair = true
+        ))
+        .unwrap_err();
+        assert_eq!(
+            every.into_iter().count(),
+            3,
+            "each clash at its own argument"
+        );
+        let permits = parse(quote!(prefix = "p", permits = 2, key = [a, b])).unwrap_err();
+        assert!(
+            permits.to_string().contains("`permits` cannot be combined"),
+            "{permits}"
+        );
+        // Off, they clash with nothing; on one key, nothing clashes.
+        assert!(
+            parse(quote!(
+                prefix = "p",
+                key = [a, b],
+                fencing = false,
+                fair = false
+            ))
+            .is_ok()
+        );
+        assert!(parse(quote!(prefix = "p", key = a, mode = read, fencing = true)).is_ok());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
-use syn::{GenericArgument, ItemFn, Path, PathArguments, Token, Type, TypeInfer};
+use syn::{Expr, GenericArgument, ItemFn, Path, PathArguments, Token, Type, TypeInfer};
 
 use crate::attr::{Configuration, Kind, Length, Renewals};
 use crate::valid::{self, LockedBody, LockedFn};
@@ -92,6 +92,14 @@ fn locked_fn(
 fn lock_inputs(config: &Configuration, private: &Path) -> TokenStream {
     let prefix = &config.prefix;
     let key = match &config.key {
+        // Each spanned at its own tokens: "not `Display`" lands on the key that is not.
+        Some(Expr::Array(list)) => {
+            let parts = list
+                .elems
+                .iter()
+                .map(|key| quote_spanned!(at(key)=> #private::key_part(&(#key))));
+            quote_spanned!(Span::mixed_site()=> #private::prefixed_keys(#prefix, &[#(#parts),*]))
+        }
         // Spanned at the key, so "not `Display`" and "cannot find value" land on the user's tokens.
         Some(key) => quote_spanned!(at(key)=> #private::prefixed_key(#prefix, &(#key))),
         None => quote_spanned!(Span::mixed_site()=> #private::prefix_only_key(#prefix)),
@@ -168,6 +176,10 @@ fn run_locked(
     let output = impl_trait_inferred(output);
     let lock_failed = lock_error_into(private, &output);
     let prefix = &config.prefix;
+    let run = match &config.key {
+        Some(Expr::Array(_)) => format_ident!("run_many", span = Span::mixed_site()),
+        _ => format_ident!("run", span = Span::mixed_site()),
+    };
     quote_spanned! {Span::mixed_site()=>
         // The return type fixes the block's output, so `?` and `return` infer as before.
         let __lm_body = #private::typed_body::<#output, _>(#future);
@@ -175,7 +187,7 @@ fn run_locked(
             use #private::{JudgeOther as _, JudgeResult as _};
             (&#private::Judge(__lm_out)).failed()
         };
-        match #private::run(__lm_client, __lm_key, __lm_options, #prefix, __lm_body, __lm_failed)
+        match #private::#run(__lm_client, __lm_key, __lm_options, #prefix, __lm_body, __lm_failed)
             .await
         {
             ::core::result::Result::Ok(__lm_out) => __lm_out,

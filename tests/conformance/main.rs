@@ -1,6 +1,7 @@
 //! The conformance suite: the behaviours every deployment promises, written once (`suite.rs`)
 //! and run against each deployment from the same code.
 
+mod several_keys;
 mod suite;
 
 /// One test per behaviour of `suite.rs`, against the deployment `$start` builds, each under
@@ -8,9 +9,18 @@ mod suite;
 macro_rules! conformance {
     ($deployment:ident, $start:expr, $($runtime:tt)*) => {
         mod $deployment {
-            use super::suite;
+            use super::{several_keys, suite};
 
-            conformance!(@tests $start, ($($runtime)*);
+            conformance!(@tests $start, ($($runtime)*), several_keys;
+                several_keys_are_taken_all_or_none,
+                opposite_orders_never_deadlock,
+                a_waiter_for_several_keys_is_woken_by_the_release_of_either,
+                losing_one_key_loses_the_whole_lock,
+                equal_keys_count_once_and_a_lease_lists_its_keys,
+                at_most_sixty_four_keys_checked_before_any_io,
+                a_nested_call_on_some_of_the_keys_reenters,
+            );
+            conformance!(@tests $start, ($($runtime)*), suite;
                 busy_key_fails_fast_and_the_work_never_runs,
                 the_key_holds_a_fresh_random_token_with_the_ttl,
                 released_before_returning_after_ok_and_err,
@@ -54,12 +64,12 @@ macro_rules! conformance {
             );
         }
     };
-    (@tests $start:expr, $runtime:tt; $($behaviour:ident),* $(,)?) => {
+    (@tests $start:expr, $runtime:tt, $module:ident; $($behaviour:ident),* $(,)?) => {
         $(
             #[tokio::test $runtime]
             async fn $behaviour() {
                 let deployment = $start;
-                suite::$behaviour(&deployment).await;
+                $module::$behaviour(&deployment).await;
             }
         )*
     };

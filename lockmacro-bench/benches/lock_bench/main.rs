@@ -16,6 +16,7 @@
 //! | W5 | 16 readers and 1 writer on one key: reads/s, the writer's wait, fairness | [`kinds`] |
 //! | W1c, W2c, W4c | W1, W2 and W4 on a 3-master Redis Cluster, against a raw floor on it | [`deployments`] |
 //! | W1r, W4r | W1 and W4 on a 3-master Redlock, against one Redis in the same run | [`deployments`] |
+//! | W6 | one task, a lock over 1, 2, 8 and 64 keys: time and round trips per cycle against the 1-key lock | [`several_keys`] |
 //!
 //! `cargo bench -p lockmacro-bench --bench lock_bench -- W3 W4` runs only the workloads named (W0 runs with W1 and
 //! W2, W2c with W1c, W4r with W1r), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
@@ -29,6 +30,7 @@ mod measure;
 mod relay;
 mod renewal;
 mod report;
+mod several_keys;
 mod uncontended;
 
 use std::path::Path;
@@ -59,6 +61,7 @@ fn main() {
             ("W1c", Workload::ClusterUncontended),
             ("W4c", Workload::ClusterRenewal),
             ("W1r", Workload::Redlock),
+            ("W6", Workload::SeveralKeys),
         ] {
             if !wanted.is_empty() && !wanted.iter().any(|w| w.eq_ignore_ascii_case(name)) {
                 continue;
@@ -107,6 +110,7 @@ enum Workload {
     ClusterUncontended,
     ClusterRenewal,
     Redlock,
+    SeveralKeys,
 }
 
 impl Workload {
@@ -120,6 +124,7 @@ impl Workload {
             Self::ClusterUncontended => deployments::uncontended(report).await,
             Self::ClusterRenewal => deployments::renewal(report).await,
             Self::Redlock => deployments::redlock(report).await,
+            Self::SeveralKeys => several_keys::several_keys(report).await,
         }
     }
 }

@@ -24,6 +24,7 @@ impl Engine {
             // `hold_at_least`: the key stays taken, so there is nothing to hand over.
             lease.extension_settled().await;
         } else if lease.kind == LockKind::Exclusive
+            && lease.keys.is_empty()
             && let Some(store) = self.store.hands_over()
             && !self.closing.is_closed()
             && let Some(next) = self.waits.next_candidate(&lease.key)
@@ -39,7 +40,9 @@ impl Engine {
         // After a release that kept the key (`hold_at_least`) too: this client's waiters learn
         // the hold's end as the key's time left, rather than sleep out the lease they saw.
         if released {
-            self.waits.released_here(&lease.key, &lease.token);
+            for key in lease.all_keys() {
+                self.waits.released_here(key, &lease.token);
+            }
         }
         Ok(released)
     }
@@ -56,6 +59,7 @@ impl Engine {
         let lease = right.lease().clone();
         let to = LeaseRef {
             key: &lease.key,
+            keys: &[],
             token: &next.token,
             kind: LockKind::Exclusive,
             ttl: next.options.ttl,

@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use super::inspect::SCAN_COUNT;
 use super::protocol;
 use super::{
-    AcquireRequest, Acquired, BoxFuture, Cursor, LeaseRef, Page, ReleaseFeed, Released, Renewal,
-    Snapshot, Store, StoreError,
+    AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, LeaseRef, ManyRequest, Page,
+    ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
 };
 use crate::options::LockKind;
 
@@ -324,6 +324,57 @@ impl MemoryStore {
         });
     }
 
+    /// As release_many.lua: every key of a multi-key lease still ours goes (or is kept while
+    /// its `hold_at_least` runs), announced when a waiter marked it or someone listens; `true`
+    /// when every key was ours.
+    fn release_many(&self, lease: LeaseRef<'_>) -> bool {
+        let mut announced = Vec::new();
+        let mut looks_again = Vec::new();
+        let mut ours = 0;
+        {
+            let mut data = self.data();
+            let now = Instant::now();
+            let kept = lease.kept_for();
+            for key in lease.keys {
+                let listening = data.listeners.contains_key(key.as_str());
+                if let Some(held @ Held::Exclusive { .. }) = data.live(key, now)
+                    && held.held_by(lease.token, now)
+                {
+                    let listened =
+                        listening || matches!(held, Held::Exclusive { waited: true, .. });
+                    match kept {
+                        Some(kept) => {
+                            if let Held::Exclusive { expires, .. } = held {
+                                *expires = now + kept;
+                            }
+                            if listened {
+                                looks_again.push(key);
+                            }
+                        }
+                        None => {
+                            data.locks.remove(key);
+                            if listened {
+                                announced.push(key);
+                            }
+                        }
+                    }
+                    ours += 1;
+                }
+            }
+        }
+        for key in announced {
+            self.announce(LeaseRef {
+                key,
+                keys: &[],
+                ..lease
+            });
+        }
+        for key in looks_again {
+            self.look_again(key);
+        }
+        ours == lease.keys.len()
+    }
+
     pub(crate) fn hooks(&self) -> MemoryHooks {
         MemoryHooks {
             store: self.clone(),
@@ -366,6 +417,58 @@ impl Store for MemoryStore {
         })
     }
 
+    fn acquire_many<'a>(
+        &'a self,
+        request: ManyRequest<'a>,
+        _budget: Duration,
+    ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
+        Box::pin(async move {
+            self.injected_failure()?;
+            let now = Instant::now();
+            let mut data = self.data();
+            // As acquire_many.lua: the first key held by another makes the whole set busy (a
+            // caller that waits marks it); otherwise every key is taken, or kept when ours.
+            for (index, key) in request.keys.iter().enumerate() {
+                match data.live(key, now) {
+                    Some(Held::Exclusive {
+                        token,
+                        expires,
+                        waited,
+                    }) if token != request.token => {
+                        *waited |= request.waiting;
+                        let remaining = expires.saturating_duration_since(now);
+                        return Ok(AcquiredMany::Busy {
+                            key: index,
+                            remaining: Some(remaining),
+                        });
+                    }
+                    Some(shared @ Held::Shared { .. }) => {
+                        let remaining = shared.expires().saturating_duration_since(now);
+                        return Ok(AcquiredMany::Busy {
+                            key: index,
+                            remaining: Some(remaining),
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            for key in request.keys {
+                match data.live(key, now) {
+                    Some(Held::Exclusive { expires, .. }) => *expires = now + request.ttl,
+                    _ => {
+                        let held = Held::Exclusive {
+                            token: request.token.to_owned(),
+                            expires: now + request.ttl,
+                            waited: false,
+                        };
+                        data.locks.insert(key.clone(), held);
+                    }
+                }
+            }
+            Ok(AcquiredMany::Taken)
+        })
+    }
+
     fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
         Box::pin(async move {
             if let Err(error) = self.injected_failure() {
@@ -394,6 +497,9 @@ impl Store for MemoryStore {
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             self.injected_failure()?;
+            if !lease.keys.is_empty() {
+                return Ok(self.release_many(lease));
+            }
             // (ours, announced): as the release script, an exclusive lock's release is announced
             // only when a waiter marked it or someone listens for it; a shared holder's always.
             let (ours, announced) = {

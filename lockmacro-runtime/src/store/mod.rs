@@ -61,11 +61,23 @@ pub(crate) trait Store: Send + Sync + 'static {
         budget: Duration,
     ) -> BoxFuture<'a, Result<Acquired, StoreError>>;
 
-    /// Extends every lease still held by its token; one outcome per lease, in order.
+    /// One attempt to take every key of `request` for its token, or none of them (`Busy`
+    /// names the first key found busy), bounded by `budget`. As [`acquire`](Self::acquire), a
+    /// dropped or failed attempt is undone by the deployment.
+    fn acquire_many<'a>(
+        &'a self,
+        request: ManyRequest<'a>,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>>;
+
+    /// Extends every lease still held by its token; one outcome per lease, in order. Leases of
+    /// one key each: the watchdog extends a multi-key lease key by key.
     fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>>;
 
     /// Compare-and-delete, announcing the release to waiters: `true` when our lease was removed,
-    /// `false` when it was no longer ours.
+    /// `false` when it was no longer ours. A multi-key lease ([`LeaseRef::keys`]) is released
+    /// on every key still ours, each announced as a single key's release is: `true` when every
+    /// key was ours.
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// The deployment's hand-over, if it has one; one that has none only releases.
@@ -149,6 +161,7 @@ impl AcquireRequest<'_> {
     pub(crate) fn lease(&self) -> LeaseRef<'_> {
         LeaseRef {
             key: self.key,
+            keys: &[],
             token: self.token,
             kind: self.kind,
             ttl: self.ttl,
@@ -156,6 +169,44 @@ impl AcquireRequest<'_> {
             hold_until: None,
         }
     }
+}
+
+/// One attempt to take several keys at once, all or none: exclusive locks, one token.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ManyRequest<'a> {
+    /// Distinct keys, at least two, in the caller's order (`Busy` names the first busy one).
+    pub(crate) keys: &'a [String],
+    pub(crate) token: &'a str,
+    pub(crate) ttl: Duration,
+    /// The caller will wait when busy: the busy key is marked, so that its release is announced.
+    pub(crate) waiting: bool,
+}
+
+impl ManyRequest<'_> {
+    /// The lease this attempt would take, as a release of it names it.
+    pub(crate) fn lease(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            key: &self.keys[0],
+            keys: self.keys,
+            token: self.token,
+            kind: LockKind::Exclusive,
+            ttl: self.ttl,
+            // The work never ran: an undone attempt deletes.
+            hold_until: None,
+        }
+    }
+}
+
+/// What an attempt on several keys found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquiredMany {
+    /// Every key holds the token now.
+    Taken,
+    /// None was taken: `keys[key]` is the first key found held by another.
+    Busy {
+        key: usize,
+        remaining: Option<Duration>,
+    },
 }
 
 /// What an acquire attempt found.
@@ -203,6 +254,8 @@ impl HandOver {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseRef<'a> {
     pub(crate) key: &'a str,
+    /// Every key of a multi-key lease (its first is `key`); empty for a lease of one key.
+    pub(crate) keys: &'a [String],
     pub(crate) token: &'a str,
     pub(crate) kind: LockKind,
     pub(crate) ttl: Duration,
@@ -224,6 +277,7 @@ impl LeaseRef<'_> {
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedLease {
     key: Arc<str>,
+    keys: Option<Arc<[String]>>,
     token: Arc<str>,
     kind: LockKind,
     ttl: Duration,
@@ -234,6 +288,7 @@ impl OwnedLease {
     pub(crate) fn of(lease: LeaseRef<'_>) -> Self {
         Self {
             key: lease.key.into(),
+            keys: (!lease.keys.is_empty()).then(|| lease.keys.into()),
             token: lease.token.into(),
             kind: lease.kind,
             ttl: lease.ttl,
@@ -244,6 +299,7 @@ impl OwnedLease {
     pub(crate) fn as_ref(&self) -> LeaseRef<'_> {
         LeaseRef {
             key: &self.key,
+            keys: self.keys.as_deref().unwrap_or_default(),
             token: &self.token,
             kind: self.kind,
             ttl: self.ttl,

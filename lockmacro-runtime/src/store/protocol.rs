@@ -145,6 +145,33 @@ pub fn remaining(pttl_ms: i64) -> Option<Duration> {
     }
 }
 
+/// The cluster slot of `key` (CRC16/XMODEM of its hash tag, or of the whole key, modulo 16384),
+/// as a number: a lock over keys in several slots takes them slot by slot in this order.
+pub fn slot_number(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let tag = &bytes[open + 1..];
+            let close = tag.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &tag[..close])
+        })
+        .unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
 /// The names a deployment keeps beside a lock key, under its namespace.
 #[derive(Debug, Clone)]
 pub struct Names {
@@ -351,6 +378,27 @@ mod tests {
             let name = Names::in_slot(key, Names::default().fencing_counter("")).unwrap();
             assert_eq!(Slot::for_key(&name), Slot::for_key(key), "{key} -> {name}");
         }
+    }
+
+    #[test]
+    fn slot_numbers_are_the_clusters_slots() {
+        for key in [
+            "orders:42",
+            "{user1}:orders",
+            "a",
+            "x{y}z",
+            "a{}b",
+            "{}",
+            "",
+            "ünïcode:☃",
+        ] {
+            assert_eq!(
+                Slot::new(slot_number(key)),
+                Some(Slot::for_key(key)),
+                "{key}"
+            );
+        }
+        assert_eq!(slot_number("foo"), 12182);
     }
 
     #[test]

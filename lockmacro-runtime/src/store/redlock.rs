@@ -30,8 +30,8 @@ use super::inspect::{self, Cursor, Page, Snapshot};
 use super::redis::RedisStore;
 use super::redis::server::Server;
 use super::{
-    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, OwnedLease, ReleaseFeed,
-    Released, Renewal, Settings, Store, StoreError,
+    AcquireRequest, Acquired, AcquiredMany, BoxFuture, HandOver, HandsOver, LeaseRef, ManyRequest,
+    OwnedLease, ReleaseFeed, Released, Renewal, Settings, Store, StoreError,
 };
 use crate::clock::{self, Backoff};
 use crate::error::LockError;
@@ -150,6 +150,71 @@ impl Store for RedlockStore {
             if taken >= quorum {
                 return Err(StoreError::unavailable(format!(
                     "a majority took the lock only after {elapsed:?}, past the lease's validity"
+                )));
+            }
+            Err(StoreError::NoQuorum {
+                answered: taken.max(busy.len()),
+                needed: quorum,
+            })
+        })
+    }
+
+    /// As [`acquire`](Self::acquire), each master taking the whole set at once (all or none
+    /// there): taken when a majority took every key with time to spare, `Busy` when a majority
+    /// found a key busy (naming the first of the keys they found busy).
+    fn acquire_many<'a>(
+        &'a self,
+        request: ManyRequest<'a>,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
+        Box::pin(async move {
+            let per_master = budget.min((request.ttl / 10).max(Duration::from_millis(10)));
+            let started = Instant::now();
+            let quorum = self.quorum();
+            let answers = join_all(
+                self.masters
+                    .iter()
+                    .map(|master| master.acquire_many(request, per_master)),
+            )
+            .await;
+            let elapsed = started.elapsed();
+            let taken = answers
+                .iter()
+                .filter(|answer| matches!(answer, Ok(AcquiredMany::Taken)))
+                .count();
+            let busy: Vec<(usize, Option<Duration>)> = answers
+                .iter()
+                .filter_map(|answer| match answer {
+                    Ok(AcquiredMany::Busy { key, remaining }) => Some((*key, *remaining)),
+                    _ => None,
+                })
+                .collect();
+            let validity = request
+                .ttl
+                .checked_sub(elapsed + clock::drift(request.ttl))
+                .filter(|left| !left.is_zero());
+            if taken >= quorum && validity.is_some() {
+                return Ok(AcquiredMany::Taken);
+            }
+            if taken > 0 || busy.len() + taken < self.masters.len() {
+                self.release_everywhere(request.lease()).await;
+            }
+            if busy.len() >= quorum {
+                let key = busy.iter().map(|(key, _)| *key).min().unwrap_or(0);
+                let mut remaining: Vec<Option<Duration>> =
+                    busy.iter().map(|(_, left)| *left).collect();
+                remaining.sort_unstable();
+                let frees_a_majority = busy.len() - (self.masters.len() - quorum);
+                let mut remaining = remaining.get(frees_a_majority - 1).copied().flatten();
+                if taken > 0 {
+                    let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
+                    remaining = Some(remaining.map_or(retry, |left| left.min(retry)));
+                }
+                return Ok(AcquiredMany::Busy { key, remaining });
+            }
+            if taken >= quorum {
+                return Err(StoreError::unavailable(format!(
+                    "a majority took the locks only after {elapsed:?}, past the lease's validity"
                 )));
             }
             Err(StoreError::NoQuorum {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::protocol::FENCING_COUNTER_LIFE;
-use super::{AcquireNames, AcquireRequest, Acquired, LeaseRef};
+use super::{AcquireNames, AcquireRequest, Acquired, AcquiredMany, LeaseRef};
 use crate::clock::millis;
 use crate::options::LockKind;
 
@@ -19,6 +19,8 @@ pub(crate) const EXTEND_LUA: &str = include_str!("scripts/extend.lua");
 pub(crate) const HAND_OVER_LUA: &str = include_str!("scripts/hand_over.lua");
 pub(crate) const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 pub(crate) const FORCE_RELEASE_LUA: &str = include_str!("scripts/force_release.lua");
+pub(crate) const ACQUIRE_MANY_LUA: &str = include_str!("scripts/acquire_many.lua");
+pub(crate) const RELEASE_MANY_LUA: &str = include_str!("scripts/release_many.lua");
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
@@ -27,15 +29,19 @@ pub(crate) static HAND_OVER: LazyLock<Script> = LazyLock::new(|| Script::new(HAN
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
+pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_MANY_LUA));
+pub(crate) static RELEASE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_MANY_LUA));
 
 /// Every script, for loading them up front on a new connection.
-pub(crate) const ALL: [&str; 6] = [
+pub(crate) const ALL: [&str; 8] = [
     ACQUIRE_LUA,
     RELEASE_LUA,
     EXTEND_LUA,
     HAND_OVER_LUA,
     INSPECT_LUA,
     FORCE_RELEASE_LUA,
+    ACQUIRE_MANY_LUA,
+    RELEASE_MANY_LUA,
 ];
 
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
@@ -105,6 +111,77 @@ pub(crate) fn acquire(request: &AcquireRequest<'_>, names: &AcquireNames) -> red
         .arg(flag(request.fair))
         .arg(flag(request.waiting))
         .arg(millis(request.queue_place()));
+    cmd
+}
+
+/// The acquire script for several keys at once (all in one slot on a cluster): `keys`, for
+/// `token`, all or none.
+pub(crate) fn acquire_many(keys: &[&str], token: &str, ttl: Duration, waiting: bool) -> redis::Cmd {
+    let bytes: usize = keys.iter().map(|key| key.len()).sum();
+    let mut cmd = evalsha(
+        &ACQUIRE_MANY,
+        keys.len(),
+        keys.len() + 3,
+        bytes + token.len() + 24,
+    );
+    for key in keys {
+        cmd.arg(*key);
+    }
+    cmd.arg(token)
+        .arg(millis(ttl))
+        .arg(if waiting { "1" } else { "0" });
+    cmd
+}
+
+/// What the multi-key acquire script's reply means: `{1}` taken; `{0, i, ms}` busy at the
+/// `i`-th key (1-based in Lua, 0-based here).
+pub(crate) fn acquired_many(reply: &[i64]) -> Option<AcquiredMany> {
+    match reply {
+        [1] => Some(AcquiredMany::Taken),
+        [0, key, remaining] => Some(AcquiredMany::Busy {
+            key: usize::try_from(*key).ok()?.checked_sub(1)?,
+            remaining: u64::try_from(*remaining).ok().map(Duration::from_millis),
+        }),
+        _ => None,
+    }
+}
+
+/// The multi-key release script: `keys` (all in one slot on a cluster), each announced on its
+/// channel of `channels` when a waiter marked it or someone listens; each kept for `kept`
+/// instead while a `hold_at_least` runs.
+pub(crate) fn release_many(
+    keys: &[&str],
+    channels: &[String],
+    token: &str,
+    announce: Announce,
+    kept: Option<Duration>,
+) -> redis::Cmd {
+    let bytes: usize = keys.iter().map(|key| key.len()).sum::<usize>()
+        + channels.iter().map(String::len).sum::<usize>();
+    let mut cmd = evalsha(
+        &RELEASE_MANY,
+        2 * keys.len(),
+        2 * keys.len() + 3,
+        bytes + token.len() + 27,
+    );
+    for key in keys {
+        cmd.arg(*key);
+    }
+    for channel in channels {
+        cmd.arg(channel);
+    }
+    cmd.arg(token);
+    match kept {
+        None => announce.mark(&mut cmd),
+        Some(kept) => {
+            let sharded = if announce == Announce::ShardedPublish {
+                "sharded"
+            } else {
+                ""
+            };
+            cmd.arg(sharded).arg(millis(kept));
+        }
+    }
     cmd
 }
 

@@ -7,7 +7,7 @@
 //! the lock speaks in "send this command, routed by this key", and the transport decides where
 //! that goes and what a failure says about the connection.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +20,8 @@ use super::inspect::{self, Commands, Cursor, Page, Snapshot};
 use super::protocol::{self, AcquireNames, Names};
 use super::scripts::{self, Announce};
 use super::{
-    AcquireRequest, Acquired, BoxFuture, HandOver, HandsOver, LeaseRef, OwnedLease, ReleaseFeed,
-    Renewal, Settings, Store, StoreError, TimedOut, release_until_settled,
+    AcquireRequest, Acquired, AcquiredMany, BoxFuture, HandOver, HandsOver, LeaseRef, ManyRequest,
+    OwnedLease, ReleaseFeed, Renewal, Settings, Store, StoreError, TimedOut, release_until_settled,
 };
 use crate::error::LockError;
 
@@ -310,6 +310,13 @@ impl<T: Transport> RedisStore<T> {
         let abandoned = OwnedLease::of(abandoned);
         self.settings().background.spawn(async move {
             let lease = abandoned.as_ref();
+            if !lease.keys.is_empty() {
+                let groups = Self::key_groups(lease.keys);
+                if !store.release_groups_on(&mut connection, lease, &groups).await {
+                    release_until_settled(&store, lease).await;
+                }
+                return;
+            }
             // A key whose release has no channel was refused before its `SET`.
             let Ok(cmd) = store.release_cmd(lease) else {
                 return;
@@ -325,6 +332,153 @@ impl<T: Transport> RedisStore<T> {
                 }
             }
         });
+    }
+
+    /// The keys of a multi-key lock as one script call each takes them, by index: all at once on
+    /// one server; slot by slot on a cluster, in slot order (a fixed order for every caller).
+    fn key_groups(keys: &[String]) -> Vec<Vec<usize>> {
+        match T::LAYOUT {
+            Layout::Server => vec![(0..keys.len()).collect()],
+            Layout::Cluster => {
+                let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+                for (index, key) in keys.iter().enumerate() {
+                    slots
+                        .entry(protocol::slot_number(key))
+                        .or_default()
+                        .push(index);
+                }
+                slots.into_values().collect()
+            }
+        }
+    }
+
+    /// The release script of the keys of `group` of a multi-key `lease`, with their channels.
+    fn release_group_cmd(
+        &self,
+        lease: LeaseRef<'_>,
+        group: &[usize],
+    ) -> Result<redis::Cmd, LockError> {
+        let names = &self.settings().names;
+        let keys: Vec<&str> = group.iter().map(|&i| lease.keys[i].as_str()).collect();
+        let channels = keys
+            .iter()
+            .map(|key| T::LAYOUT.release_channel(names, key))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(scripts::release_many(
+            &keys,
+            &channels,
+            lease.token,
+            T::LAYOUT.announce(),
+            lease.kept_for(),
+        ))
+    }
+
+    /// Releases `groups` of the keys of a multi-key `lease` one after the other on `connection`
+    /// (so each reaches its server after the acquire sent on it): `true` when every one was
+    /// answered.
+    async fn release_groups_on(
+        &self,
+        connection: &mut T::Connection,
+        lease: LeaseRef<'_>,
+        groups: &[Vec<usize>],
+    ) -> bool {
+        let budget = self.settings().response_timeout;
+        for group in groups {
+            let Ok(cmd) = self.release_group_cmd(lease, group) else {
+                return true;
+            };
+            let key = &lease.keys[group[0]];
+            let sent = self.send::<i64>(connection, key, Request::Cmd(&cmd), budget);
+            if sent.await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Releases every key of a multi-key lease, a script call per group, all at once: `true`
+    /// when every key was ours.
+    async fn release_many(&self, lease: LeaseRef<'_>) -> Result<bool, StoreError> {
+        let groups = Self::key_groups(lease.keys);
+        let cmds = groups
+            .iter()
+            .map(|group| Ok((&lease.keys[group[0]], self.release_group_cmd(lease, group)?)))
+            .collect::<Result<Vec<_>, LockError>>()?;
+        let released = join_all(cmds.iter().map(|(key, cmd)| self.run_script(key, cmd))).await;
+        let mut ours = 0;
+        for released in released {
+            ours += released?;
+        }
+        Ok(usize::try_from(ours).is_ok_and(|ours| ours == lease.keys.len()))
+    }
+
+    /// Takes every key of `request` or none: one script call per group of
+    /// [`key_groups`](Self::key_groups), in order; a busy group undoes the groups taken before
+    /// it (awaited, so that the keys are free when `Busy` is answered).
+    async fn acquire_many_groups(
+        &self,
+        request: ManyRequest<'_>,
+        budget: Duration,
+    ) -> Result<AcquiredMany, StoreError> {
+        let names = &self.settings().names;
+        for key in request.keys {
+            T::LAYOUT.check(names, key)?;
+        }
+        let groups = Self::key_groups(request.keys);
+        let connection = self.transport.connection().await?;
+        let started = tokio::time::Instant::now();
+        // From here the keys may be taken: if this future is dropped, or a reply is lost, the
+        // guard releases every key still ours, on the same connection.
+        let mut undo = UndoGuard {
+            store: self,
+            connection,
+            armed: true,
+            abandoned: request.lease(),
+        };
+        for (at, group) in groups.iter().enumerate() {
+            let keys: Vec<&str> = group.iter().map(|&i| request.keys[i].as_str()).collect();
+            let cmd = scripts::acquire_many(&keys, request.token, request.ttl, request.waiting);
+            let left = budget
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1));
+            let reply = self
+                .send::<Vec<i64>>(&mut undo.connection, keys[0], Request::Cmd(&cmd), left)
+                .await;
+            let busy = match reply {
+                Ok(reply) => match scripts::acquired_many(&reply) {
+                    Some(AcquiredMany::Taken) => continue,
+                    Some(AcquiredMany::Busy { key, remaining }) => AcquiredMany::Busy {
+                        key: group[key],
+                        remaining,
+                    },
+                    None => {
+                        let wrong = format!("an acquire reply of the wrong shape: {reply:?}");
+                        return Err(StoreError::unavailable(wrong));
+                    }
+                },
+                Err(SendError::Answered(err)) => {
+                    // This group did not run; the groups before it are undone by the guard.
+                    if at == 0 {
+                        undo.disarm();
+                    }
+                    return Err(SendError::Answered(err).into_store_error());
+                }
+                Err(SendError::Unknown(error)) => return Err(error),
+            };
+            // Busy: nothing of this group was taken; give back the groups before it.
+            let taken = &groups[..at];
+            let lease = request.lease();
+            if taken.is_empty()
+                || self
+                    .release_groups_on(&mut undo.connection, lease, taken)
+                    .await
+            {
+                undo.disarm();
+            }
+            return Ok(busy);
+        }
+        undo.disarm();
+        Ok(AcquiredMany::Taken)
     }
 
     /// Extends one batch of leases, all on one server, in one round trip.
@@ -421,6 +575,14 @@ impl<T: Transport> Store for RedisStore<T> {
         })
     }
 
+    fn acquire_many<'a>(
+        &'a self,
+        request: ManyRequest<'a>,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
+        Box::pin(self.acquire_many_groups(request, budget))
+    }
+
     fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
         Box::pin(async move {
             let connection = match self.transport.connection().await {
@@ -457,6 +619,9 @@ impl<T: Transport> Store for RedisStore<T> {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            if !lease.keys.is_empty() {
+                return self.release_many(lease).await;
+            }
             let cmd = self.release_cmd(lease)?;
             Ok(self.run_script(lease.key, &cmd).await? == 1)
         })

@@ -1,0 +1,218 @@
+//! Taking several keys at once (`key = [...]`): all or none, in one attempt, so that two callers
+//! asking for the same keys in opposite orders never hold one each while waiting for the other.
+//! Waiting listens on the key that kept it out; the lease, its renewals and its release cover
+//! every key together.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Engine, new_token, next_lease_id};
+use crate::clock;
+use crate::error::LockError;
+use crate::metrics::{self, Prefix};
+use crate::options::{LockKind, LockOptions};
+use crate::right::ReleaseRight;
+use crate::rt::{self, Driver};
+use crate::state::LeaseState;
+use crate::store::{AcquiredMany, ManyRequest};
+use crate::waiters::Ticket;
+
+/// What one attempt on every key found.
+enum Attempt {
+    Taken(Arc<LeaseState>),
+    Busy {
+        key: usize,
+        remaining: Option<Duration>,
+    },
+}
+
+impl Engine {
+    /// Takes every key of `keys` (distinct, at least two), waiting for them when `options` say
+    /// so, and registers the one lease that covers them with the watchdog.
+    pub(crate) async fn acquire_many(
+        self: &Arc<Self>,
+        keys: Vec<String>,
+        options: &LockOptions,
+    ) -> Result<Arc<LeaseState>, LockError> {
+        let prefix = Prefix::of(options.label, &keys[0]);
+        let started = Instant::now();
+        let taken = self.take_many(keys, options).await;
+        let outcome = match &taken {
+            Ok(_) => "acquired",
+            Err(LockError::Busy { .. }) => "busy",
+            Err(_) => "error",
+        };
+        metrics::acquisition(&prefix, outcome);
+        if options.wait.is_some() {
+            metrics::waited(&prefix, started.elapsed());
+        }
+        taken
+    }
+
+    async fn take_many(
+        self: &Arc<Self>,
+        keys: Vec<String>,
+        options: &LockOptions,
+    ) -> Result<Arc<LeaseState>, LockError> {
+        rt::require(Driver::Time)?;
+        check_many(options)?;
+        self.shut(&keys[0])?;
+        self.background.ensure_running();
+        let lease = match options.wait {
+            None => match self
+                .try_acquire_many(&keys, new_token(), options, false)
+                .await?
+            {
+                Attempt::Taken(lease) => lease,
+                Attempt::Busy { key, remaining } => {
+                    return Err(LockError::Busy {
+                        key: keys[key].clone(),
+                        retry_after: remaining,
+                    });
+                }
+            },
+            Some(wait) => Box::pin(self.wait_for_many(&keys, options, wait)).await?,
+        };
+        if self.closing.is_closed() {
+            // Taken while the client shut down: give it back at once.
+            if let Some(right) = ReleaseRight::claim(&lease, self.clone())
+                && self.store.release(lease.lease_ref()).await.is_ok()
+            {
+                right.disarm();
+            }
+            return Err(LockError::ShutDown {
+                key: lease.key.clone(),
+            });
+        }
+        Ok(lease)
+    }
+
+    /// One attempt on every key; a `waiting` attempt marks the busy key, so that its release
+    /// is announced.
+    async fn try_acquire_many(
+        &self,
+        keys: &[String],
+        token: String,
+        options: &LockOptions,
+        waiting: bool,
+    ) -> Result<Attempt, LockError> {
+        let ttl = options.ttl;
+        let budget = self.response_timeout.min(
+            ttl.saturating_sub(clock::drift(ttl))
+                .max(Duration::from_millis(1)),
+        );
+        let request = ManyRequest {
+            keys,
+            token: &token,
+            ttl,
+            waiting,
+        };
+        let sent_at = clock::now();
+        match metrics::timed("acquire", self.store.acquire_many(request, budget)).await {
+            Ok(AcquiredMany::Taken) => {
+                let lease = LeaseState::new(
+                    next_lease_id(),
+                    self.id,
+                    keys[0].clone(),
+                    token,
+                    options,
+                    None,
+                    sent_at,
+                )
+                .covering(keys.to_vec());
+                let lease = Arc::new(lease);
+                self.renewals.register(lease.clone());
+                tracing::debug!(keys = ?keys, ttl_ms = clock::millis(ttl), "locks acquired");
+                Ok(Attempt::Taken(lease))
+            }
+            Ok(AcquiredMany::Busy { key, remaining }) => {
+                tracing::debug!(key = %keys[key], keys = keys.len(), "one of the locks is busy");
+                Ok(Attempt::Busy { key, remaining })
+            }
+            Err(error) => Err(error.into_lock_error(Some(&keys[0]))),
+        }
+    }
+
+    /// Takes every key, waiting at most `wait`: parked on the release of the key that kept it
+    /// out (announced, or made by this client), or until that key's lease would have run out.
+    /// Every release of a key wakes every multi-key waiter of this client parked on it, so a
+    /// waiter that still finds another key busy keeps no single-key waiter from its turn.
+    async fn wait_for_many(
+        &self,
+        keys: &[String],
+        options: &LockOptions,
+        wait: Duration,
+    ) -> Result<Arc<LeaseState>, LockError> {
+        let give_up = clock::after(Instant::now(), wait);
+        // One token for every attempt: a busy attempt took nothing.
+        let token = new_token();
+        let mut ticket: Option<Ticket<'_>> = None;
+        let mut waiting = false;
+        loop {
+            let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
+            let attempt = self.try_acquire_many(keys, token.clone(), options, waiting);
+            let (busy, remaining) = match attempt.await? {
+                Attempt::Taken(lease) => return Ok(lease),
+                Attempt::Busy { key, remaining } => (&keys[key], remaining),
+            };
+            waiting = true;
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(LockError::Busy {
+                    key: busy.clone(),
+                    retry_after: remaining,
+                });
+            }
+            if ticket.as_ref().is_none_or(|ticket| ticket.key() != busy) {
+                // Another key keeps it out now: listen on that one's releases.
+                ticket = None;
+                tracing::debug!(key = %busy, "one of the locks is busy; waiting");
+                let prefix = Prefix::of(options.label, busy);
+                let joined = ticket.insert(self.waits.join(busy, true, prefix));
+                let heard = tokio::select! {
+                    heard = joined.subscribed(left) => heard,
+                    () = self.closing.cancelled() => {
+                        return Err(LockError::ShutDown { key: keys[0].clone() });
+                    }
+                };
+                if heard {
+                    // Subscribed (and the attempt to come marks the key): no release can slip
+                    // by unheard from now on. Look again.
+                    continue;
+                }
+            }
+            let Some(ticket) = &ticket else { continue };
+            // A holder that died announces nothing: sleep at most its remaining lease.
+            let fallback = match remaining {
+                Some(remaining) => clock::jittered(remaining, 0.05) + Duration::from_millis(1),
+                None => Duration::from_millis(100),
+            };
+            let left = give_up.saturating_duration_since(Instant::now());
+            let _parked = ticket.park();
+            tokio::select! {
+                () = ticket.released_or(fallback.min(left), heard) => {}
+                () = self.closing.cancelled() => {
+                    return Err(LockError::ShutDown { key: keys[0].clone() });
+                }
+            }
+        }
+    }
+}
+
+/// What a lock over several keys can be: exclusive, unfenced, not fair.
+fn check_many(options: &LockOptions) -> Result<(), LockError> {
+    let refused = if options.kind != LockKind::Exclusive {
+        "a lock over several keys is exclusive; `mode = read` and `permits` take one key"
+    } else if options.fencing {
+        "a lock over several keys hands out no fencing token; fence with a lock on one key"
+    } else if options.fair {
+        "a lock over several keys is not fair; `fair = true` takes one key"
+    } else {
+        return Ok(());
+    };
+    Err(LockError::InvalidOptions {
+        message: refused.into(),
+    })
+}

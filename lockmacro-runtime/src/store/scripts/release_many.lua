@@ -1,0 +1,37 @@
+-- Release every key of a multi-key lease still held by its token, and tell waiters: each key
+-- is deleted as release.lua deletes an exclusive lock, and announced on its own channel when a
+-- waiter marked it (its token followed by '+', see acquire.lua and acquire_many.lua) or
+-- someone listens there (a watch, a waiter about to mark it).
+-- KEYS[1..n] = the lock keys; KEYS[n+1..2n] = their release channels, in the same order (keys
+-- here, so that a cluster refuses a channel outside the keys' slot); ARGV[1] = our token;
+-- ARGV[2] = 'sharded' for a cluster's sharded channels (SHARDNUMSUB, SPUBLISH), '' or absent
+-- otherwise (NUMSUB, PUBLISH); ARGV[3] = milliseconds left of the lease's `hold_at_least`,
+-- given only while it runs: then each key is kept that long instead (its holder's token
+-- stays), and whoever waits or listens is told to look again (an empty message), as
+-- release.lua does.
+-- Returns how many keys were ours and are gone (or kept) now.
+local n = #KEYS / 2
+local token = ARGV[1]
+local sharded = ARGV[2] == 'sharded'
+local publish = sharded and 'SPUBLISH' or 'PUBLISH'
+local kept = tonumber(ARGV[3])
+local released = 0
+for i = 1, n do
+  local holder = redis.pcall('GET', KEYS[i])
+  if holder == token or holder == token .. '+' then
+    local listened = holder ~= token
+    if not listened then
+      local counted = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', KEYS[n + i])
+      listened = counted.err ~= nil or counted[2] > 0
+    end
+    if kept then
+      redis.call('PEXPIRE', KEYS[i], kept)
+      if listened then redis.call(publish, KEYS[n + i], '') end
+    else
+      redis.call('DEL', KEYS[i])
+      if listened then redis.call(publish, KEYS[n + i], token) end
+    end
+    released = released + 1
+  end
+end
+return released
