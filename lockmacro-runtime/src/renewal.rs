@@ -1,7 +1,8 @@
 //! The renewal queue: one watchdog task per client that keeps every live lease alive.
 //!
 //! It runs where the client's background work runs ([`Background`]). It scans every `scan_interval` and
-//! extends, in one batch, each lease that is a third or more through and has renewals left. A
+//! extends each lease that is a third or more through and has renewals left, in batches of at
+//! most 10 000 leases, one round trip each (one batch a tick below that). A
 //! lease whose ttl is too short for the scan period (it would pass half its ttl before the next
 //! scan) gets a wake-up of its own at its third.
 //!
@@ -173,7 +174,20 @@ fn scan(shared: &Arc<Shared>) -> u64 {
     wake_at
 }
 
+/// Leases extended in one round trip at most. Redis runs a connection's pipeline without
+/// serving other clients between its commands, so a million leases in one batch held it for
+/// about a second a tick: other clients' commands (this client's acquires too) timed out behind
+/// it, and so did the batch itself, whose renewals went unconfirmed though Redis had made them.
+const LEASES_PER_ROUND_TRIP: usize = 10_000;
+
+/// Extends the due leases, [`LEASES_PER_ROUND_TRIP`] at a time, one round trip after another.
 async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
+    for batch in due.chunks(LEASES_PER_ROUND_TRIP) {
+        extend_batch(&shared, batch).await;
+    }
+}
+
+async fn extend_batch(shared: &Shared, due: &[Arc<LeaseState>]) {
     let sent_at = clock::now();
     let leases: Vec<LeaseRef<'_>> = due.iter().map(|lease| lease.lease_ref()).collect();
     let outcomes = metrics::timed("extend", shared.store.extend(&leases)).await;
@@ -220,7 +234,7 @@ async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
             tracing::debug!(key = %first.key, leases = failed.len(), error = %error, "lock renewal failed again");
         }
     }
-    for lease in &due {
+    for lease in due {
         lease.extending.store(false, Ordering::Release);
     }
     // Leases renewed or failed just now may need a wake-up earlier than the one planned.
