@@ -108,7 +108,7 @@ pub fn draw(dir: &Path, results: &Map<String, Value>) -> Drawn {
                 ],
             },
             Panel {
-                title: "renewal lateness past its third; renewals done / due",
+                title: "renewal lateness past its third",
                 x_desc: x,
                 y_desc: "ms",
                 log_y: false,
