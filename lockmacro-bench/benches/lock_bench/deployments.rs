@@ -1,25 +1,115 @@
-//! The workloads on other deployments:
-//! - W1, W2 and W4 on a Redis Cluster (3 masters on loopback), against a raw floor on the same
-//!   cluster: redis-rs's own cluster connection doing `SET NX PX` + the compare-and-delete
-//!   `EVALSHA`, routed by key, with nothing around it;
-//! - W1 and W4 on a 3-master Redlock, against the same workloads on one Redis in the same run.
+//! The workloads on other deployments, each against its own client floor:
+//! - W1 and W2 on a Redis Cluster (3 masters on loopback), against redis-rs's own cluster
+//!   connection sending `SET NX PX` + the compare-and-delete `EVALSHA`, routed by key, with
+//!   nothing around it (4 Redis commands per cycle);
+//! - W1 and W2 on a 3-master Redlock, against the same two commands sent to the three masters at
+//!   once through redis-rs alone (one multiplexed connection each), a majority of replies
+//!   required at each step (12 Redis commands per cycle);
+//! - W4 on the cluster, and on Redlock against one Redis in the same run.
+//!
+//! Each figure is paired by repetition (floor, ours, floor, ours …): the ratios' median and range
+//! over [`REPS`], and the client CPU per cycle of both (this process, `getrusage`).
 
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use lockmacro_runtime::{LockClient, LockContext, LockOptions};
+use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use testkit::{RedisCluster, RedisServer};
 use tokio::task::JoinSet;
 
-use crate::measure::{REPS, median, process_cpu};
+use crate::floor::{COMPARE_AND_DELETE, fresh_token};
+use crate::measure::{REPS, micros, process_cpu};
 use crate::report::Report;
 
 const RUN: Duration = Duration::from_millis(700);
 const OPTIONS: LockOptions = LockOptions::new()
     .ttl(Duration::from_secs(3))
     .max_renewals(3);
-const COMPARE_AND_DELETE: &str =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+/// A deployment's client floor: the lock's two commands through redis-rs alone.
+#[derive(Clone)]
+enum DeploymentFloor {
+    /// redis-rs's cluster connection, routed by key.
+    Cluster {
+        connection: ClusterConnection,
+        release_sha: String,
+    },
+    /// One multiplexed connection per master, each command sent to all of them at once.
+    Redlock {
+        masters: Vec<MultiplexedConnection>,
+        release_sha: String,
+    },
+}
+
+impl DeploymentFloor {
+    /// One lock cycle on `key`: `SET NX PX`, then the compare-and-delete `EVALSHA`.
+    async fn cycle(&mut self, key: &str) {
+        let token = fresh_token();
+        match self {
+            Self::Cluster {
+                connection,
+                release_sha,
+            } => {
+                let taken: Option<String> = set_nx(&token, key)
+                    .query_async(connection)
+                    .await
+                    .expect("SET NX PX");
+                assert!(taken.is_some(), "cluster floor key {key} was busy");
+                let deleted: i64 = release(release_sha, &token, key)
+                    .query_async(connection)
+                    .await
+                    .expect("EVALSHA compare-and-delete");
+                assert_eq!(deleted, 1, "cluster floor key {key} was not ours");
+            }
+            Self::Redlock {
+                masters,
+                release_sha,
+            } => {
+                let set = set_nx(&token, key);
+                let taken = join_all(masters.iter_mut().map(|master| {
+                    let set = &set;
+                    async move { set.query_async::<Option<String>>(master).await }
+                }))
+                .await;
+                let quorum = masters.len() / 2 + 1;
+                let taken = taken.iter().filter(|t| matches!(t, Ok(Some(_)))).count();
+                assert!(taken >= quorum, "Redlock floor key {key} was busy");
+                let del = release(release_sha, &token, key);
+                let deleted = join_all(masters.iter_mut().map(|master| {
+                    let del = &del;
+                    async move { del.query_async::<i64>(master).await }
+                }))
+                .await;
+                let deleted = deleted.iter().filter(|d| matches!(d, Ok(1))).count();
+                assert!(deleted >= quorum, "Redlock floor key {key} was not ours");
+            }
+        }
+    }
+}
+
+fn set_nx(token: &str, key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(3000);
+    cmd
+}
+
+fn release(sha: &str, token: &str, key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(1).arg(key).arg(token);
+    cmd
+}
+
+/// Loads the compare-and-delete script on `nodes`; returns its hash.
+fn load_release_script<'a>(nodes: impl IntoIterator<Item = &'a RedisServer>) -> String {
+    let mut sha = String::new();
+    for node in nodes {
+        sha = redis::from_redis_value(node.command(&["SCRIPT", "LOAD", COMPARE_AND_DELETE]))
+            .expect("SCRIPT LOAD");
+    }
+    sha
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum System {
@@ -27,42 +117,32 @@ enum System {
     Lockmacro,
 }
 
-/// Cycles per second of `tasks` tasks, each on its own key, for [`RUN`].
-async fn cycles_per_s(
-    floor: &ClusterConnection,
+/// One repetition of one system.
+struct Run {
+    cycles_per_s: f64,
+    client_cpu_us: f64,
+}
+
+/// `tasks` tasks, each on its own key, for `duration`.
+async fn run(
+    floor: &DeploymentFloor,
     locks: &LockClient,
     system: System,
     tasks: usize,
-) -> f64 {
-    let deadline = Instant::now() + RUN;
+    duration: Duration,
+) -> Run {
+    let cpu_before = process_cpu();
     let started = Instant::now();
+    let deadline = started + duration;
     let mut running = JoinSet::new();
     for task in 0..tasks {
         let (mut floor, locks) = (floor.clone(), locks.clone());
         running.spawn(async move {
-            let key = format!("cluster-bench:{task}");
+            let key = format!("deployment-bench:{task}");
             let mut cycles = 0u64;
             while Instant::now() < deadline {
                 match system {
-                    System::Floor => {
-                        let token = format!("{task:016x}{cycles:016x}");
-                        let taken: Option<String> = redis::cmd("SET")
-                            .arg(&key)
-                            .arg(&token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(3000)
-                            .query_async(&mut floor)
-                            .await
-                            .expect("SET NX PX");
-                        assert!(taken.is_some());
-                        let _: i64 = redis::Script::new(COMPARE_AND_DELETE)
-                            .key(&key)
-                            .arg(&token)
-                            .invoke_async(&mut floor)
-                            .await
-                            .expect("compare-and-delete");
-                    }
+                    System::Floor => floor.cycle(&key).await,
                     System::Lockmacro => locks
                         .run_locked(key.as_str(), OPTIONS, async {})
                         .await
@@ -77,60 +157,111 @@ async fn cycles_per_s(
     while let Some(done) = running.join_next().await {
         cycles += done.expect("a cycling task");
     }
-    cycles as f64 / started.elapsed().as_secs_f64()
+    let cpu = process_cpu() - cpu_before;
+    Run {
+        cycles_per_s: cycles as f64 / started.elapsed().as_secs_f64(),
+        client_cpu_us: micros(cpu) / cycles.max(1) as f64,
+    }
 }
 
-/// W1 (1 task) and W2 (64 tasks) on the cluster, interleaved with the floor.
-pub async fn uncontended(report: &mut Report) {
-    let cluster = RedisCluster::start(3, 0);
-    let floor = redis::cluster::ClusterClient::new(cluster.seed_urls())
-        .expect("cluster client")
-        .get_async_connection()
-        .await
-        .expect("cluster connection");
-    let locks = LockClient::cluster_builder(cluster.seed_urls())
-        .build()
-        .await
-        .expect("LockClient");
-    for (workload, tasks) in [("W1 cluster", 1), ("W2 cluster", 64)] {
+/// W1 (1 task) and W2 (64 tasks) on one deployment, interleaved with its floor: cycles/s of
+/// both, ours ÷ the floor, and client CPU per cycle of both and ours ÷ the floor's.
+async fn against_floor(
+    report: &mut Report,
+    workloads: [&'static str; 2],
+    floor_name: &'static str,
+    floor: &DeploymentFloor,
+    locks: &LockClient,
+) {
+    const OURS: &str = "lockmacro run_locked";
+    for (workload, tasks) in workloads.into_iter().zip([1, 64]) {
         for system in [System::Floor, System::Lockmacro] {
-            cycles_per_s(&floor, &locks, system, tasks).await;
+            run(floor, locks, system, tasks, RUN / 4).await;
         }
-        let mut ratios = Vec::new();
-        let mut ours = Vec::new();
-        let mut floors = Vec::new();
+        let (mut floors, mut ours) = (Vec::new(), Vec::new());
         for _ in 0..REPS {
-            let floor_cps = cycles_per_s(&floor, &locks, System::Floor, tasks).await;
-            let our_cps = cycles_per_s(&floor, &locks, System::Lockmacro, tasks).await;
-            ratios.push(our_cps / floor_cps);
-            ours.push(our_cps);
-            floors.push(floor_cps);
+            floors.push(run(floor, locks, System::Floor, tasks, RUN).await);
+            ours.push(run(floor, locks, System::Lockmacro, tasks, RUN).await);
         }
-        report.add(
+        let figure = |runs: &[Run], f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+        let paired = |f: fn(&Run) -> f64| {
+            ours.iter()
+                .zip(&floors)
+                .map(|(o, b)| f(o) / f(b))
+                .collect::<Vec<_>>()
+        };
+        let cps = |r: &Run| r.cycles_per_s;
+        let cpu = |r: &Run| r.client_cpu_us;
+        report.add_runs(
             workload,
-            "raw cluster floor",
+            floor_name,
             "cycles/s",
-            median(floors),
+            &figure(&floors, cps),
             "/s",
             None,
         );
-        report.add(
+        report.add_runs(workload, OURS, "cycles/s", &figure(&ours, cps), "/s", None);
+        report.add_runs(
             workload,
-            "lockmacro run_locked",
-            "cycles/s",
-            median(ours),
-            "/s",
+            OURS,
+            "cycles/s ÷ its floor",
+            &paired(cps),
+            "×",
+            Some(("≥ 1×", |r| r >= 1.0)),
+        );
+        let floor_cpu = figure(&floors, cpu);
+        report.add_runs(
+            workload,
+            floor_name,
+            "client CPU per cycle",
+            &floor_cpu,
+            "µs",
             None,
         );
-        report.add(
+        report.add_runs(
             workload,
-            "lockmacro run_locked",
-            "cycles/s ÷ raw cluster floor",
-            median(ratios),
+            OURS,
+            "client CPU per cycle",
+            &figure(&ours, cpu),
+            "µs",
+            None,
+        );
+        report.add_runs(
+            workload,
+            OURS,
+            "client CPU per cycle ÷ its floor",
+            &paired(cpu),
             "×",
             None,
         );
     }
+}
+
+/// W1 and W2 on a 3-master cluster against redis-rs's cluster connection alone.
+pub async fn uncontended(report: &mut Report) {
+    let cluster = RedisCluster::start(3, 0);
+    let release_sha = load_release_script(cluster.masters());
+    let connection = redis::cluster::ClusterClient::new(cluster.seed_urls())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection");
+    let floor = DeploymentFloor::Cluster {
+        connection,
+        release_sha,
+    };
+    let locks = LockClient::cluster_builder(cluster.seed_urls())
+        .build()
+        .await
+        .expect("LockClient");
+    against_floor(
+        report,
+        ["W1 cluster", "W2 cluster"],
+        "redis-rs cluster connection alone",
+        &floor,
+        &locks,
+    )
+    .await;
 }
 
 /// W4 on the cluster: 3 000 leases of 900 ms renewed for 6 s: lapses, script calls per master per
@@ -213,26 +344,20 @@ fn evalsha_calls(node: &testkit::RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
-/// Lock cycles per second of one task on its own key through `locks`, for [`RUN`].
-async fn single_task_cycles(locks: &LockClient) -> f64 {
-    let deadline = Instant::now() + RUN;
-    let started = Instant::now();
-    let mut cycles = 0u64;
-    while Instant::now() < deadline {
-        locks
-            .run_locked("redlock-bench:1", OPTIONS, async {})
-            .await
-            .expect("run_locked");
-        cycles += 1;
-    }
-    cycles as f64 / started.elapsed().as_secs_f64()
-}
-
-/// W1 and W4 on a 3-master Redlock, each against one Redis in the same run.
+/// W1 and W2 on a 3-master Redlock against its floor; W4 against one Redis in the same run.
 pub async fn redlock(report: &mut Report) {
     let single = RedisServer::start();
     let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let release_sha = load_release_script(&masters);
+    let mut connections = Vec::new();
+    for master in &masters {
+        connections.push(master.connection().await);
+    }
+    let floor = DeploymentFloor::Redlock {
+        masters: connections,
+        release_sha,
+    };
     let one = LockClient::connect(&single.url())
         .await
         .expect("LockClient");
@@ -240,22 +365,14 @@ pub async fn redlock(report: &mut Report) {
         .build()
         .await
         .expect("Redlock client");
-    single_task_cycles(&one).await;
-    single_task_cycles(&quorum).await;
-    let mut ratios = Vec::new();
-    for _ in 0..REPS {
-        let one_cps = single_task_cycles(&one).await;
-        let quorum_cps = single_task_cycles(&quorum).await;
-        ratios.push(quorum_cps / one_cps);
-    }
-    report.add(
-        "W1 redlock",
-        "lockmacro run_locked, 3 masters",
-        "cycles/s ÷ one Redis",
-        median(ratios),
-        "×",
-        None,
-    );
+    against_floor(
+        report,
+        ["W1 redlock", "W2 redlock"],
+        "redis-rs alone to 3 masters at once",
+        &floor,
+        &quorum,
+    )
+    .await;
     let (one_lapses, one_cpu) = hold_many(&one, "one").await;
     let (quorum_lapses, quorum_cpu) = hold_many(&quorum, "quorum").await;
     report.add(

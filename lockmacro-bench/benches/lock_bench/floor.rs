@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// The classic compare-and-delete (as in the Redis docs and rslock).
-const COMPARE_AND_DELETE: &str = r#"
+pub const COMPARE_AND_DELETE: &str = r#"
 if redis.call("GET", KEYS[1]) == ARGV[1] then
   return redis.call("DEL", KEYS[1])
 end
@@ -172,7 +172,7 @@ impl RawConnection {
 
 /// A distinct 32-hex-digit token, the size of a UUID: cheap, since the floor should cost only
 /// what Redis and the wire cost.
-fn fresh_token() -> String {
+pub fn fresh_token() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
     format!(
         "{:032x}",

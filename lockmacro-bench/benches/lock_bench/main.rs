@@ -14,12 +14,12 @@
 //! | W3 | 16 tasks, one key, waiting: throughput, fairness, handoff latency | [`contended`] |
 //! | W4 | 10 000 leases renewed for 20 s: requests, CPU, memory, lapses | [`renewal`] |
 //! | W5 | 16 readers and 1 writer on one key: reads/s, the writer's wait, fairness | [`kinds`] |
-//! | W1c, W2c, W4c | W1, W2 and W4 on a 3-master Redis Cluster, against a raw floor on it | [`deployments`] |
-//! | W1r, W4r | W1 and W4 on a 3-master Redlock, against one Redis in the same run | [`deployments`] |
+//! | W1c, W2c, W4c | W1, W2 and W4 on a 3-master Redis Cluster; W1 and W2 against redis-rs's cluster connection alone sending the same commands | [`deployments`] |
+//! | W1r, W2r, W4r | W1 and W2 on a 3-master Redlock against redis-rs alone sending the same commands to the three masters at once (majority required); W4 against one Redis in the same run | [`deployments`] |
 //! | W6 | one task, a lock over 1, 2, 8 and 64 keys: time and round trips per cycle against the 1-key lock | [`several_keys`] |
 //!
 //! `cargo bench -p lockmacro-bench --bench lock_bench -- W3 W4` runs only the workloads named (W0 runs with W1 and
-//! W2, W2c with W1c, W4r with W1r), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
+//! W2, W2c with W1c, W2r and W4r with W1r), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
 //! only whole runs.
 
 mod contended;
