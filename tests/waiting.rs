@@ -281,5 +281,36 @@ async fn a_release_is_announced_only_when_someone_waits() {
     .await;
     lease.release().await.unwrap();
     waiting.await.unwrap().expect("woken by the announcement");
-    assert_eq!(command_calls(&server, "publish"), publishes + 1);
+    // The holder's release was announced (the waiter's own may be too, if its subscription
+    // was still open when it released: someone listened).
+    let announced = command_calls(&server, "publish");
+    assert!(announced > publishes, "the waited-for release announced");
+
+    // Once nobody waits or listens any more, a release costs no PUBLISH again.
+    common::eventually(
+        Duration::from_secs(5),
+        "the waiter unsubscribed",
+        || async { listeners(&server, "announce:1").await == 0 },
+    )
+    .await;
+    let lease = holder.acquire("announce:1", opts(30_000)).await.unwrap();
+    lease.release().await.unwrap();
+    assert_eq!(
+        command_calls(&server, "publish"),
+        announced,
+        "nobody waits any more"
+    );
+}
+
+/// How many connections listen for releases of `key`.
+async fn listeners(server: &RedisServer, key: &str) -> u64 {
+    let channel = lockmacro_runtime::protocol::Names::default().release_channel(key);
+    let mut conn = server.connection().await;
+    let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channel)
+        .query_async(&mut conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    listeners
 }

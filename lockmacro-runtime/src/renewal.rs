@@ -219,7 +219,7 @@ async fn extend_batch(shared: &Shared, due: &[Arc<LeaseState>]) {
     // A multi-key lease is extended key by key, in the same batch: it is extended when every
     // key was, lost when any key was.
     let mut leases: Vec<LeaseRef<'_>> = Vec::with_capacity(due.len());
-    for lease in &due {
+    for lease in due {
         let one = lease.lease_ref();
         if one.keys.is_empty() {
             leases.push(one);
@@ -232,7 +232,7 @@ async fn extend_batch(shared: &Shared, due: &[Arc<LeaseState>]) {
         }
     }
     let outcomes = metrics::timed("extend", shared.store.extend(&leases)).await;
-    let outcomes = per_lease(&due, outcomes);
+    let outcomes = per_lease(due, outcomes);
     drop(leases);
     // One backoff for the whole batch: its leases failed together and retry together.
     let in_a_row = due.iter().map(|lease| lease.failures()).max().unwrap_or(0);
