@@ -260,14 +260,7 @@ impl LockClient {
             };
         }
         let lease = self.acquire_checked(key, options).await?;
-        let outcome = lease.run(work).await;
-        if let Ok(output) = &outcome {
-            lease.record_end(if failed(output) { End::Err } else { End::Ok });
-        }
-        if let Err(err) = lease.release().await {
-            tracing::warn!(error = %err, "lock release not confirmed; retrying in the background");
-        }
-        outcome
+        run_and_release(lease, work, failed).await
     }
 
     /// Takes the lock `key` and returns its [`Lease`], renewed by the watchdog until released
@@ -382,14 +375,7 @@ impl LockClient {
             };
         }
         let lease = self.acquire_many_checked(keys, options).await?;
-        let outcome = lease.run(work).await;
-        if let Ok(output) = &outcome {
-            lease.record_end(if failed(output) { End::Err } else { End::Ok });
-        }
-        if let Err(err) = lease.release().await {
-            tracing::warn!(error = %err, "lock release not confirmed; retrying in the background");
-        }
-        outcome
+        run_and_release(lease, work, failed).await
     }
 
     /// Takes every lock of `keys` at once and returns the one [`Lease`] that covers them, as
@@ -489,4 +475,21 @@ fn urls(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
     urls.into_iter()
         .map(|url| url.as_ref().to_owned())
         .collect()
+}
+
+/// Runs `work` under `lease`, records how it ended (`failed` tells an output that counts as an
+/// error), and releases the lease, confirmed or retried in the background.
+async fn run_and_release<F: Future>(
+    lease: Lease,
+    work: F,
+    failed: impl FnOnce(&F::Output) -> bool,
+) -> Result<F::Output, LockError> {
+    let outcome = lease.run(work).await;
+    if let Ok(output) = &outcome {
+        lease.record_end(if failed(output) { End::Err } else { End::Ok });
+    }
+    if let Err(err) = lease.release().await {
+        tracing::warn!(error = %err, "lock release not confirmed; retrying in the background");
+    }
+    outcome
 }
