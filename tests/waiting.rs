@@ -290,7 +290,7 @@ async fn a_release_is_announced_only_when_someone_waits() {
     common::eventually(
         Duration::from_secs(5),
         "the waiter unsubscribed",
-        || async { listeners(&server, "announce:1").await == 0 },
+        || async { common::listeners_in(&server, "lockmacro", "announce:1").await == 0 },
     )
     .await;
     let lease = holder.acquire("announce:1", opts(30_000)).await.unwrap();
@@ -300,17 +300,4 @@ async fn a_release_is_announced_only_when_someone_waits() {
         announced,
         "nobody waits any more"
     );
-}
-
-/// How many connections listen for releases of `key`.
-async fn listeners(server: &RedisServer, key: &str) -> u64 {
-    let channel = lockmacro_runtime::protocol::Names::default().release_channel(key);
-    let mut conn = server.connection().await;
-    let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(&channel)
-        .query_async(&mut conn)
-        .await
-        .expect("PUBSUB NUMSUB");
-    listeners
 }

@@ -230,18 +230,23 @@ pub async fn waiter_subscribed(server: &RedisServer, key: &str) {
 
 /// [`waiter_subscribed`] for a client whose namespace is `namespace`.
 pub async fn waiter_subscribed_in(server: &RedisServer, namespace: &str, key: &str) {
-    let channel = protocol::Names::new(namespace).release_channel(key);
     eventually(Duration::from_secs(5), "a waiter subscribed", || async {
-        let mut conn = server.connection().await;
-        let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut conn)
-            .await
-            .expect("PUBSUB NUMSUB");
-        listeners > 0
+        listeners_in(server, namespace, key).await > 0
     })
     .await;
+}
+
+/// How many connections listen for releases of `key` under `namespace`.
+pub async fn listeners_in(server: &RedisServer, namespace: &str, key: &str) -> u64 {
+    let channel = protocol::Names::new(namespace).release_channel(key);
+    let mut conn = server.connection().await;
+    let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channel)
+        .query_async(&mut conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    listeners
 }
 
 /// A client whose every wait is short, so faults surface as errors quickly.

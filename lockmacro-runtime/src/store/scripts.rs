@@ -171,17 +171,7 @@ pub(crate) fn release_many(
         cmd.arg(channel);
     }
     cmd.arg(token);
-    match kept {
-        None => announce.mark(&mut cmd),
-        Some(kept) => {
-            let sharded = if announce == Announce::ShardedPublish {
-                "sharded"
-            } else {
-                ""
-            };
-            cmd.arg(sharded).arg(millis(kept));
-        }
-    }
+    announce.mark_release(&mut cmd, kept);
     cmd
 }
 
@@ -199,6 +189,22 @@ impl Announce {
     fn mark(self, cmd: &mut redis::Cmd) {
         if self == Self::ShardedPublish {
             cmd.arg("sharded");
+        }
+    }
+
+    /// A release script's last arguments: as [`mark`](Self::mark), or, while a
+    /// `hold_at_least` runs, the mark always given (`''` for none) and the time `kept` left.
+    fn mark_release(self, cmd: &mut redis::Cmd, kept: Option<Duration>) {
+        match kept {
+            None => self.mark(cmd),
+            Some(kept) => {
+                let sharded = if self == Self::ShardedPublish {
+                    "sharded"
+                } else {
+                    ""
+                };
+                cmd.arg(sharded).arg(millis(kept));
+            }
         }
     }
 }
@@ -228,17 +234,7 @@ pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) ->
         lease.key.len() + lease.token.len() + channel.len() + 27,
     );
     cmd.arg(lease.key).arg(channel).arg(lease.token);
-    match lease.kept_for() {
-        None => announce.mark(&mut cmd),
-        Some(kept) => {
-            let sharded = if announce == Announce::ShardedPublish {
-                "sharded"
-            } else {
-                ""
-            };
-            cmd.arg(sharded).arg(millis(kept));
-        }
-    }
+    announce.mark_release(&mut cmd, lease.kept_for());
     cmd
 }
 
