@@ -100,3 +100,39 @@ async fn ten_thousand_leases_for_twenty_seconds_none_lapses() {
     assert!(per_lease < 16.0, "{per_lease:.2} KiB per lease");
     assert_clean(&server, &locks, "load:*").await;
 }
+
+/// Fifty thousand acquires asked at once, with a response timeout of 500 ms: every one is
+/// answered. The client sends a few hundred at a time and queues the rest itself, where no
+/// response timeout runs; sent all at once, nine in ten timed out at the back of the
+/// connection's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_thousand_acquires_at_once_are_all_answered_within_a_short_response_timeout() {
+    const CALLERS: usize = 50_000;
+    let server = RedisServer::start();
+    let locks = LockClient::builder(&server.url())
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let mut callers = tokio::task::JoinSet::new();
+    for n in 0..CALLERS {
+        let locks = locks.clone();
+        callers.spawn(async move {
+            let lease = locks.acquire(format!("flood:{n}"), opts(30_000)).await?;
+            lease.release().await
+        });
+    }
+    let mut failures = Vec::new();
+    while let Some(outcome) = callers.join_next().await {
+        if let Err(error) = outcome.unwrap() {
+            failures.push(error.to_string());
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {CALLERS} failed, e.g. {:?}",
+        failures.len(),
+        failures.first()
+    );
+    assert_clean(&server, &locks, "flood:*").await;
+}

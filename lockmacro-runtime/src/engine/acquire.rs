@@ -105,11 +105,7 @@ impl Engine {
         waiting: bool,
     ) -> Result<Attempt, LockError> {
         let ttl = options.ttl;
-        // A reply later than the lease itself is worthless: the lock may have lapsed already.
-        let budget = self.response_timeout.min(
-            ttl.saturating_sub(clock::drift(ttl))
-                .max(Duration::from_millis(1)),
-        );
+        let budget = self.acquire_budget(ttl);
         let request = AcquireRequest {
             key,
             token: &token,
@@ -119,8 +115,11 @@ impl Engine {
             waiting,
             fair: options.fair,
         };
+        let turn = self.turn().await;
         let sent_at = clock::now();
-        match metrics::timed("acquire", self.store.acquire(request, budget)).await {
+        let reply = metrics::timed("acquire", self.store.acquire(request, budget)).await;
+        drop(turn);
+        match reply {
             Ok(Acquired::Taken { fencing_token }) => {
                 let lease = Arc::new(LeaseState::new(
                     next_lease_id(),
@@ -141,6 +140,15 @@ impl Engine {
             }
             Err(error) => Err(error.into_lock_error(Some(key))),
         }
+    }
+
+    /// How long an acquire may wait for its reply. One later than the lease itself is
+    /// worthless: the lock may have lapsed already.
+    pub(super) fn acquire_budget(&self, ttl: Duration) -> Duration {
+        self.response_timeout.min(
+            ttl.saturating_sub(clock::drift(ttl))
+                .max(Duration::from_millis(1)),
+        )
     }
 }
 

@@ -99,18 +99,18 @@ impl Engine {
         waiting: bool,
     ) -> Result<Attempt, LockError> {
         let ttl = options.ttl;
-        let budget = self.response_timeout.min(
-            ttl.saturating_sub(clock::drift(ttl))
-                .max(Duration::from_millis(1)),
-        );
+        let budget = self.acquire_budget(ttl);
         let request = ManyRequest {
             keys,
             token: &token,
             ttl,
             waiting,
         };
+        let turn = self.turn().await;
         let sent_at = clock::now();
-        match metrics::timed("acquire", self.store.acquire_many(request, budget)).await {
+        let reply = metrics::timed("acquire", self.store.acquire_many(request, budget)).await;
+        drop(turn);
+        match reply {
             Ok(AcquiredMany::Taken) => {
                 let lease = LeaseState::new(
                     next_lease_id(),

@@ -32,9 +32,10 @@ impl Engine {
             // Boxed, as the waiting path is: it stays out of every release's future.
             return Box::pin(self.hand_over(store, right, next)).await;
         }
-        let released = metrics::timed("release", self.store.release(lease.lease_ref()))
-            .await
-            .map_err(|error| error.into_lock_error(Some(&lease.key)))?;
+        let turn = self.turn().await;
+        let released = metrics::timed("release", self.store.release(lease.lease_ref())).await;
+        drop(turn);
+        let released = released.map_err(|error| error.into_lock_error(Some(&lease.key)))?;
         right.disarm();
         metrics::release(&lease.prefix, "confirmed");
         // After a release that kept the key (`hold_at_least`) too: this client's waiters learn
