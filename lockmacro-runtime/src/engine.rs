@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::background::Background;
+use crate::clock;
 use crate::error::LockError;
 use crate::metrics;
 use crate::renewal::RenewalQueue;
@@ -101,14 +102,20 @@ impl Engine {
         }
     }
 
-    /// A turn to send an acquire or a release (see [`REQUESTS_IN_FLIGHT`]). A lease's time
-    /// counts from after it: time spent queued here is not the lease's.
-    async fn turn(&self) -> tokio::sync::SemaphorePermit<'_> {
+    /// Sends an acquire or a release (`what`, for the metrics) in its turn (see
+    /// [`REQUESTS_IN_FLIGHT`]): its reply, and when it went on the wire (nanos). A lease's time
+    /// counts from then: time spent queued in the client is not the lease's.
+    async fn send_in_turn<T>(
+        &self,
+        what: &'static str,
+        request: impl Future<Output = T>,
+    ) -> (T, u64) {
         // Never closed, so acquiring only waits.
-        let Ok(turn) = self.in_flight.acquire().await else {
+        let Ok(_turn) = self.in_flight.acquire().await else {
             unreachable!("the client never closes its in-flight semaphore")
         };
-        turn
+        let sent_at = clock::now();
+        (metrics::timed(what, request).await, sent_at)
     }
 
     /// The deployment, for inspection (`crate::inspect`).

@@ -115,10 +115,9 @@ impl Engine {
             waiting,
             fair: options.fair,
         };
-        let turn = self.turn().await;
-        let sent_at = clock::now();
-        let reply = metrics::timed("acquire", self.store.acquire(request, budget)).await;
-        drop(turn);
+        let (reply, sent_at) = self
+            .send_in_turn("acquire", self.store.acquire(request, budget))
+            .await;
         match reply {
             Ok(Acquired::Taken { fencing_token }) => {
                 let lease = Arc::new(LeaseState::new(

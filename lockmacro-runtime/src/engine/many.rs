@@ -106,10 +106,9 @@ impl Engine {
             ttl,
             waiting,
         };
-        let turn = self.turn().await;
-        let sent_at = clock::now();
-        let reply = metrics::timed("acquire", self.store.acquire_many(request, budget)).await;
-        drop(turn);
+        let (reply, sent_at) = self
+            .send_in_turn("acquire", self.store.acquire_many(request, budget))
+            .await;
         match reply {
             Ok(AcquiredMany::Taken) => {
                 let lease = LeaseState::new(
