@@ -14,13 +14,15 @@
 //! (`--no-capture`). A failing case is shrunk by proptest and printed; shrunk failures are kept
 //! as plain regression tests in `tests/conformance/suite.rs`.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockError, LockOptions};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use testkit::{Cluster, Deployment, InMemory, Redlock, SingleRedis};
 use tokio::time::Instant;
 
@@ -402,18 +404,10 @@ fn run_cases(
     name: &str,
     cases: u32,
 ) {
-    let mut runner = TestRunner::new(Config {
-        cases: cases_or(cases),
-        max_shrink_iters: 64,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let case = std::cell::Cell::new(0u64);
     let longest = std::cell::Cell::new([Duration::ZERO; 2]);
-    let outcome = runner.run(&scenario(fencing), |scenario| {
-        case.set(case.get() + 1);
+    let ran = common::run_generated(name, cases, 64, &scenario(fencing), |case, scenario| {
         runtime.block_on(async {
-            let (outcomes, model) = run(&scenario, &clients[..scenario.clients], case.get()).await;
+            let (outcomes, model) = run(&scenario, &clients[..scenario.clients], case).await;
             let (seen, now) = (longest.get(), model.longest_free_sleep);
             longest.set([seen[PLAIN].max(now[PLAIN]), seen[FAIR].max(now[FAIR])]);
             check(&scenario, &outcomes, &model, free_sleep_limit)
@@ -421,12 +415,8 @@ fn run_cases(
     });
     let [plain, fair] = longest.get();
     eprintln!(
-        "{name}: {} cases; longest sleep on a free key: {plain:?} (a fair waiter alone: {fair:?})",
-        case.get(),
+        "{name}: {ran} cases; longest sleep on a free key: {plain:?} (a fair waiter alone: {fair:?})"
     );
-    if let Err(failure) = outcome {
-        panic!("{name}: {failure}");
-    }
 }
 
 #[test]
@@ -479,14 +469,6 @@ fn the_model_sees_incompatible_holders_and_sleeps_on_free_keys() {
     std::thread::sleep(Duration::from_millis(20));
     model.enter(1, 4, Kind::Exclusive);
     assert!(model.violations.is_empty(), "the hold is over");
-}
-
-/// `PROPTEST_CASES` from the environment when set (a deeper run by hand), else `cases`.
-fn cases_or(cases: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|cases| cases.parse().ok())
-        .unwrap_or(cases)
 }
 
 /// On Redlock, waiters of several clients race for a majority, and one that split the masters

@@ -6,12 +6,13 @@
 //! The in-memory store is what users test against; any difference here is a test of theirs that
 //! passes while production behaves otherwise.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockmacro_runtime::{Lease, LockContext, LockError, LockOptions};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use testkit::{Deployment, InMemory, SingleRedis};
 
 const TTL: Duration = Duration::from_secs(5);
@@ -317,16 +318,8 @@ fn the_in_memory_store_answers_as_redis_does() {
         .build()
         .unwrap();
     let redis = SingleRedis::start();
-    let mut runner = TestRunner::new(Config {
-        cases: cases_or(48),
-        max_shrink_iters: 128,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let case = std::cell::Cell::new(0u64);
-    let outcome = runner.run(&steps(), |steps| {
-        case.set(case.get() + 1);
-        let prefix = format!("diff{}", case.get());
+    let ran = common::run_generated("differential", 48, 128, &steps(), |case, steps| {
+        let prefix = format!("diff{case}");
         let in_redis = runtime.block_on(run(&redis, &prefix, &steps));
         // The in-memory store follows tokio's clock: under paused time its leases pass at once.
         let paused = tokio::runtime::Builder::new_current_thread()
@@ -338,16 +331,5 @@ fn the_in_memory_store_answers_as_redis_does() {
         prop_assert_eq!(in_redis, in_memory, "steps: {:?}", steps);
         Ok(())
     });
-    eprintln!("{} generated sequences compared", case.get());
-    if let Err(failure) = outcome {
-        panic!("{failure}");
-    }
-}
-
-/// `PROPTEST_CASES` from the environment when set (a deeper run by hand), else `cases`.
-fn cases_or(cases: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|cases| cases.parse().ok())
-        .unwrap_or(cases)
+    eprintln!("{ran} generated sequences compared");
 }

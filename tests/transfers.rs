@@ -6,11 +6,12 @@
 //! transfers put it, so the total is unchanged). Without the lock the interleaved
 //! read-modify-writes lose updates.
 
+mod common;
+
 use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockOptions};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use redis::AsyncCommands;
 use testkit::{Deployment, SingleRedis};
 
@@ -112,16 +113,8 @@ fn transfers_in_two_processes_never_deadlock_and_lose_no_update() {
         let clients = vec![redis.client().await, redis.another_client().await];
         (clients, redis.server.connection().await)
     });
-    let mut runner = TestRunner::new(Config {
-        cases: cases_or(32),
-        max_shrink_iters: 32,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let case = std::cell::Cell::new(0u64);
-    let outcome = runner.run(&transfers(), |transfers| {
-        case.set(case.get() + 1);
-        let bank = format!("bank{}", case.get());
+    let ran = common::run_generated("transfers", 32, 32, &transfers(), |case, transfers| {
+        let bank = format!("bank{case}");
         let run = run(&connection, &clients, &bank, &transfers);
         let balances = runtime
             .block_on(async { tokio::time::timeout(Duration::from_secs(60), run).await })
@@ -131,16 +124,5 @@ fn transfers_in_two_processes_never_deadlock_and_lose_no_update() {
         prop_assert_eq!(balances, expected(&transfers));
         Ok(())
     });
-    eprintln!("{} generated cases of transfers", case.get());
-    if let Err(failure) = outcome {
-        panic!("{failure}");
-    }
-}
-
-/// `PROPTEST_CASES` from the environment when set (a deeper run by hand), else `cases`.
-fn cases_or(cases: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|cases| cases.parse().ok())
-        .unwrap_or(cases)
+    eprintln!("{ran} generated cases of transfers");
 }

@@ -491,3 +491,36 @@ impl<'a> MakeWriter<'a> for Log {
         self.clone()
     }
 }
+
+/// Runs `test` on generated values of `strategy`, each told its case's number (from 1): `cases`
+/// of them, or `PROPTEST_CASES` from the environment when set (a deeper run by hand). A failure
+/// is shrunk at most `shrink` times (each step runs a case against real servers), not persisted,
+/// and panics naming `what`. Returns how many cases ran.
+pub fn run_generated<S: proptest::strategy::Strategy>(
+    what: &str,
+    cases: u32,
+    shrink: u32,
+    strategy: &S,
+    test: impl Fn(u64, S::Value) -> Result<(), proptest::test_runner::TestCaseError>,
+) -> u64 {
+    use proptest::test_runner::{Config, TestRunner};
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(cases);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        max_shrink_iters: shrink,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::cell::Cell::new(0u64);
+    let outcome = runner.run(strategy, |value| {
+        case.set(case.get() + 1);
+        test(case.get(), value)
+    });
+    if let Err(failure) = outcome {
+        panic!("{what}: {failure} (after {} generated cases)", case.get());
+    }
+    case.get()
+}
