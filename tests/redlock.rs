@@ -5,14 +5,13 @@
 //! Figures worth reporting are printed with `eprintln!`, which nextest shows for failing tests
 //! and `--no-capture` always.
 
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
 use testkit::{Deployment, RedisServer, Redlock};
 use tokio::time::Instant;
-
-const WORKER: &str = env!("CARGO_BIN_EXE_lock_worker");
 
 async fn client(quorum: &Redlock) -> LockClient {
     LockClient::redlock_builder(quorum.urls())
@@ -197,47 +196,11 @@ async fn an_even_number_or_fewer_than_three_masters_is_a_config_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_on_one_counter_never_overlap() {
     let quorum = Redlock::start(3);
-    let url = format!("redlock:{}", quorum.urls().join(","));
-    let workers: Vec<_> = (0..3)
-        .map(|_| {
-            Command::new(WORKER)
-                .args(["count", &url, "jepsen", "16", "10"])
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let mut intervals = Vec::new();
-    for worker in workers {
-        let output = worker.wait_with_output().unwrap();
-        assert!(
-            output.status.success(),
-            "worker failed: {:?}",
-            output.status
-        );
-        for line in String::from_utf8(output.stdout).unwrap().lines() {
-            let mut fields = line
-                .split_whitespace()
-                .skip(1)
-                .map(|n| n.parse::<u128>().unwrap());
-            intervals.push((fields.next().unwrap(), fields.next().unwrap()));
-        }
-    }
-    assert_eq!(intervals.len(), 480);
+    common::count_in_three_processes(&format!("redlock:{}", quorum.urls().join(",")));
     assert_eq!(
         value(&quorum.servers[0], "jepsen:counter").as_deref(),
         Some("480"),
         "lost updates mean two holders at once"
-    );
-    intervals.sort();
-    let longest_overlap = intervals
-        .windows(2)
-        .map(|pair| pair[0].1.saturating_sub(pair[1].0))
-        .max()
-        .unwrap();
-    assert_eq!(
-        longest_overlap, 0,
-        "critical sections overlapped by {longest_overlap} ns"
     );
 }
 

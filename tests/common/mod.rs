@@ -524,3 +524,46 @@ pub fn run_generated<S: proptest::strategy::Strategy>(
     }
     case.get()
 }
+
+/// Three `lock_worker count` processes against `url`, sixteen tasks each taking the lock ten
+/// times and incrementing `jepsen:counter` non-atomically inside it. Asserts that each exited
+/// cleanly, every critical section came back and none overlapped another; the counter is the
+/// caller's to check (it lives where `url` keeps its keys).
+pub fn count_in_three_processes(url: &str) {
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+                .args(["count", url, "jepsen", "16", "10"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut intervals = Vec::new();
+    for worker in workers {
+        let output = worker.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "worker failed: {:?}",
+            output.status
+        );
+        for line in String::from_utf8(output.stdout).unwrap().lines() {
+            let mut fields = line
+                .split_whitespace()
+                .skip(1)
+                .map(|n| n.parse::<u128>().unwrap());
+            intervals.push((fields.next().unwrap(), fields.next().unwrap()));
+        }
+    }
+    assert_eq!(intervals.len(), 3 * 16 * 10);
+    intervals.sort();
+    let longest_overlap = intervals
+        .windows(2)
+        .map(|pair| pair[0].1.saturating_sub(pair[1].0))
+        .max()
+        .unwrap();
+    assert_eq!(
+        longest_overlap, 0,
+        "critical sections overlapped by {longest_overlap} ns"
+    );
+}
