@@ -214,7 +214,24 @@ async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
     }
 }
 
-async fn extend_batch(shared: &Shared, due: &[Arc<LeaseState>]) {
+/// Extends the leases of `batch` still registered. A batch waits for the ones before it, and
+/// leases released meanwhile are left out: releasing a million leases while they were due cost
+/// Redis a lookup for each released key in the batches sent after its release.
+async fn extend_batch(shared: &Shared, batch: &[Arc<LeaseState>]) {
+    let mut due = Vec::with_capacity(batch.len());
+    for lease in batch {
+        if lease.is_finished() {
+            lease.extending.store(false, Ordering::Release);
+        } else {
+            due.push(lease.clone());
+        }
+    }
+    if !due.is_empty() {
+        renew(shared, &due).await;
+    }
+}
+
+async fn renew(shared: &Shared, due: &[Arc<LeaseState>]) {
     let sent_at = clock::now();
     // A multi-key lease is extended key by key, in the same batch: it is extended when every
     // key was, lost when any key was.

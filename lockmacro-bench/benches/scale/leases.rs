@@ -7,7 +7,13 @@
 //! past its third a lease was when its renewal was confirmed: the time since its last confirmed
 //! send (its validity, the ttl less the drift margin of 1 % + 2 ms, less its least time left
 //! seen before the renewal), less a third of the ttl.
+//!
+//! `SCALE_HOLD_S` holds them that many seconds instead of 25 (a longer hold: does any lease
+//! lapse?); `SCALE_TTL_S` gives them that ttl instead of 30 s. For taking them all and for
+//! releasing them all, it also prints what Redis and this process did meanwhile (CPU, and calls
+//! and time of each command in Redis), which tells where the time of a phase went.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -18,7 +24,8 @@ use testkit::RedisServer;
 use tokio::task::JoinSet;
 
 use crate::measure::{
-    CommandStats, heap_in_use, percentile, process_cpu, resident_bytes, thread_cpu, threads_named,
+    CommandStats, heap_in_use, percentile, process_cpu, process_cpu_of, resident_bytes, server_pid,
+    thread_cpu, threads_named,
 };
 use crate::relay::RoundTripRelay;
 use crate::{grouped, number};
@@ -39,8 +46,15 @@ pub async fn measure(n: usize, quick: bool) -> Value {
     } else {
         (Duration::from_secs(30), Duration::from_secs(25))
     };
+    let seconds = |name: &str| -> Option<Duration> {
+        let value = std::env::var(name).ok()?;
+        Some(Duration::from_secs_f64(value.parse().expect(name)))
+    };
+    let ttl = seconds("SCALE_TTL_S").unwrap_or(ttl);
+    let hold = seconds("SCALE_HOLD_S").unwrap_or(hold);
     let server = RedisServer::start();
     let mut stats = server.connection().await;
+    let server_pid = server_pid(&mut stats).await;
     let relay = RoundTripRelay::start(server.addr()).await;
     let watchdogs_before = threads_named(WATCHDOG_COMM);
     let locks = LockClient::builder(&relay.url())
@@ -61,6 +75,7 @@ pub async fn measure(n: usize, quick: bool) -> Value {
     // When each lease was taken (ms since `began`), allocated before memory is measured.
     let taken_at: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
     let (heap_before, resident_before) = (heap_in_use(), resident_bytes());
+    let take_work = Work::read(&mut stats, server_pid).await;
     let began = Instant::now();
     let mut takers = JoinSet::new();
     for taker in 0..TAKERS {
@@ -91,6 +106,7 @@ pub async fn measure(n: usize, quick: bool) -> Value {
         acquire_failures += failed;
     }
     let take_all = began.elapsed();
+    let take_work = Work::read(&mut stats, server_pid).await.since(&take_work);
     let heap_per_lease = heap_in_use().saturating_sub(heap_before) as f64 / n as f64;
     let resident_per_lease = resident_bytes().saturating_sub(resident_before) as f64 / n as f64;
 
@@ -135,6 +151,7 @@ pub async fn measure(n: usize, quick: bool) -> Value {
     }
 
     let leases = Arc::try_unwrap(leases).unwrap_or_else(|_| panic!("the sampler has ended"));
+    let release_work = Work::read(&mut stats, server_pid).await;
     let released = Instant::now();
     let mut per_releaser: Vec<Vec<Lease>> = (0..TAKERS).map(|_| Vec::new()).collect();
     for (i, (_, lease)) in leases.into_iter().enumerate() {
@@ -143,18 +160,25 @@ pub async fn measure(n: usize, quick: bool) -> Value {
     let mut releasers = JoinSet::new();
     for leases in per_releaser {
         releasers.spawn(async move {
-            let mut failed = 0usize;
+            let (mut failed, mut lost) = (0usize, 0usize);
             for lease in leases {
+                // Lost, or past its local deadline, while the others were released.
+                lost += usize::from(lease.is_lost() || lease.time_left().is_zero());
                 failed += usize::from(lease.release().await.is_err());
             }
-            failed
+            (failed, lost)
         });
     }
-    let mut release_failures = 0;
-    while let Some(failed) = releasers.join_next().await {
-        release_failures += failed.expect("a releaser");
+    let (mut release_failures, mut lost_before_release) = (0, 0);
+    while let Some(done) = releasers.join_next().await {
+        let (failed, lost) = done.expect("a releaser");
+        release_failures += failed;
+        lost_before_release += lost;
     }
     let release_all = released.elapsed();
+    let release_work = Work::read(&mut stats, server_pid)
+        .await
+        .since(&release_work);
     json!({
         "leases": n,
         "ttl_s": ttl.as_secs_f64(),
@@ -174,10 +198,78 @@ pub async fn measure(n: usize, quick: bool) -> Value {
         "past_deadline": past_deadline,
         "keys_missing": missing,
         "release_failures": release_failures,
+        "lost_before_release": lost_before_release,
         "acquire_failures": acquire_failures,
         "take_all_s": take_all.as_secs_f64(),
         "release_all_s": release_all.as_secs_f64(),
+        "take_work": take_work,
+        "release_work": release_work,
     })
+}
+
+/// What Redis and this process had done by a moment: CPU, and each command's calls and time.
+struct Work {
+    at: Instant,
+    client_cpu: Duration,
+    server_cpu: Duration,
+    /// Per command: calls, and microseconds Redis spent in them.
+    commands: HashMap<String, (u64, u64)>,
+}
+
+impl Work {
+    async fn read(connection: &mut redis::aio::MultiplexedConnection, server_pid: u32) -> Self {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(connection)
+            .await
+            .expect("INFO commandstats");
+        let field = |fields: &str, name: &str| -> Option<u64> {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))?
+                .parse()
+                .ok()
+        };
+        let commands = info
+            .lines()
+            .filter_map(|line| {
+                let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = field(fields, "calls")?;
+                let usec = field(fields, "usec")?;
+                Some((name.to_owned(), (calls, usec)))
+            })
+            .collect();
+        Self {
+            at: Instant::now(),
+            client_cpu: process_cpu(),
+            server_cpu: process_cpu_of(server_pid),
+            commands,
+        }
+    }
+
+    /// What was done between `before` and `self`, as figures.
+    fn since(&self, before: &Work) -> Value {
+        let wall = (self.at - before.at).as_secs_f64();
+        let share = |cpu: Duration| cpu.as_secs_f64() / wall * 100.0;
+        let mut commands = serde_json::Map::new();
+        for (name, &(calls, usec)) in &self.commands {
+            let (calls_before, usec_before) = before.commands.get(name).copied().unwrap_or((0, 0));
+            let (calls, usec) = (calls - calls_before, usec - usec_before);
+            if calls > 0 && name != "info" {
+                commands.insert(
+                    name.clone(),
+                    json!({"calls": calls, "redis_s": usec as f64 / 1e6,
+                        "usec_per_call": usec as f64 / calls as f64}),
+                );
+            }
+        }
+        json!({
+            "wall_s": wall,
+            "client_cpu_percent": share(self.client_cpu - before.client_cpu),
+            "redis_cpu_percent": share(self.server_cpu - before.server_cpu),
+            "commands": commands,
+        })
+    }
 }
 
 /// Watches up to [`SAMPLED`] leases until `stop`: the lateness of each renewal seen, in ms.
