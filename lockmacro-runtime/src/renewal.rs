@@ -2,7 +2,8 @@
 //!
 //! It runs where the client's background work runs ([`Background`]). It scans every `scan_interval` and
 //! extends each lease that is a third or more through and has renewals left, in batches of at
-//! most 10 000 leases, one round trip each (one batch a tick below that). A
+//! most 10 000 leases, one round trip each, four on the wire at once (one batch a tick below
+//! 10 000 leases). A
 //! lease whose ttl is too short for the scan period (it would pass half its ttl before the next
 //! scan) gets a wake-up of its own at its third.
 //!
@@ -17,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -207,14 +209,21 @@ fn scan(shared: &Arc<Shared>) -> u64 {
 /// it, and so did the batch itself, whose renewals went unconfirmed though Redis had made them.
 const LEASES_PER_ROUND_TRIP: usize = 10_000;
 
-/// Extends the due leases, [`LEASES_PER_ROUND_TRIP`] at a time, one round trip after another.
+/// Renewal batches on the wire at once. One at a time, a million leases of 30 s were renewed at
+/// about 43 000 a second on a loaded 2-core machine where 83 000 were due, and leases lapsed,
+/// with neither Redis nor the watchdog half busy: each batch waited for the reply to the one
+/// before. A few in flight overlap one batch's encoding with another's run in Redis.
+const BATCHES_IN_FLIGHT: usize = 4;
+
+/// Extends the due leases, [`LEASES_PER_ROUND_TRIP`] at a time, at most
+/// [`BATCHES_IN_FLIGHT`] round trips at once.
 async fn extend(shared: Arc<Shared>, due: Vec<Arc<LeaseState>>) {
-    for batch in due.chunks(LEASES_PER_ROUND_TRIP) {
-        extend_batch(&shared, batch).await;
-    }
+    futures_util::stream::iter(due.chunks(LEASES_PER_ROUND_TRIP))
+        .for_each_concurrent(BATCHES_IN_FLIGHT, |batch| extend_batch(&shared, batch))
+        .await;
 }
 
-/// Extends the leases of `batch` still registered. A batch waits for the ones before it, and
+/// Extends the leases of `batch` still registered. A batch may wait for the ones before it, and
 /// leases released meanwhile are left out: releasing a million leases while they were due cost
 /// Redis a lookup for each released key in the batches sent after its release.
 async fn extend_batch(shared: &Shared, batch: &[Arc<LeaseState>]) {
