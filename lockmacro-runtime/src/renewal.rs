@@ -1,11 +1,10 @@
 //! The renewal queue: one watchdog task per client that keeps every live lease alive.
 //!
-//! It runs where the client's background work runs ([`Background`]). It scans every `scan_interval` and
-//! extends each lease that is a third or more through and has renewals left, in batches of at
-//! most 10 000 leases, one round trip each, four on the wire at once (one batch a tick below
-//! 10 000 leases). A
-//! lease whose ttl is too short for the scan period (it would pass half its ttl before the next
-//! scan) gets a wake-up of its own at its third.
+//! It runs where the client's background work runs ([`Background`]). It scans every
+//! `scan_interval` and extends each lease that is a third or more through and has renewals left,
+//! in batches of at most 10 000 leases, one round trip each, four on the wire at once (one batch
+//! a tick below 10 000 leases). A lease whose ttl is too short for the scan period (it would pass
+//! half its ttl before the next scan) gets a wake-up of its own at its third.
 //!
 //! A failed extension is retried with a growing, jittered pause, always before the lease's local
 //! deadline: an outage costs a few attempts a second, not a busy loop. Registering and
