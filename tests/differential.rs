@@ -15,11 +15,13 @@ use lockmacro_runtime::{Lease, LockContext, LockError, LockOptions};
 use proptest::prelude::*;
 use testkit::{Deployment, InMemory, SingleRedis};
 
-const TTL: Duration = Duration::from_secs(5);
+const TTL: Duration = Duration::from_secs(60);
 /// `hold_at_least`, when on: longer than any case, so a kept key stays kept to its end on both
 /// stores (Redis's clock runs on between steps, the paused one does not: a hold ending within a
-/// case would end at a different step on each).
-const HOLD: Duration = Duration::from_secs(20);
+/// case would end at a different step on each). The short one ends before a lease taken in the
+/// case would: a key kept by it may be free before its expiry said when it was taken.
+const SHORT_HOLD: Duration = Duration::from_secs(20);
+const LONG_HOLD: Duration = Duration::from_secs(90);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -35,8 +37,8 @@ struct Options {
     fair: bool,
     /// A short wait: a busy key is still busy when it runs out.
     waits: bool,
-    /// With [`HOLD`].
-    holds: bool,
+    /// `hold_at_least`, if any: [`SHORT_HOLD`] or [`LONG_HOLD`].
+    hold: Option<Duration>,
 }
 
 impl Options {
@@ -50,10 +52,9 @@ impl Options {
             Kind::Read => options.read(),
             Kind::Permits(permits) => options.permits(permits),
         };
-        let options = if self.holds {
-            options.hold_at_least(HOLD)
-        } else {
-            options
+        let options = match self.hold {
+            Some(hold) => options.hold_at_least(hold),
+            None => options,
         };
         if self.waits {
             options.wait(Duration::from_millis(30))
@@ -103,14 +104,18 @@ fn options() -> impl Strategy<Value = Options> {
         any::<bool>(),
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.3),
-        prop::bool::weighted(0.2),
+        prop_oneof![
+            8 => Just(None),
+            1 => Just(Some(SHORT_HOLD)),
+            1 => Just(Some(LONG_HOLD)),
+        ],
     )
-        .prop_map(|(kind, fencing, fair, waits, holds)| Options {
+        .prop_map(|(kind, fencing, fair, waits, hold)| Options {
             kind,
             fencing,
             fair,
             waits,
-            holds,
+            hold,
         })
 }
 
@@ -161,9 +166,11 @@ enum Fencing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RetryAfter {
     None,
+    /// Some, within a short hold: the key is kept by one, and free when it ends.
+    WithinShortHold,
     /// Some, within the holder's lease.
-    Within,
-    /// Some, past any lease of the case.
+    WithinLease,
+    /// Some, past any lease of the case (a long hold).
     Past,
 }
 
@@ -302,7 +309,8 @@ fn describe(error: LockError) -> Seen {
                 .map_or(key.clone(), |(_, k)| k.to_owned()),
             retry_after: match retry_after {
                 None => RetryAfter::None,
-                Some(after) if after <= TTL => RetryAfter::Within,
+                Some(after) if after <= SHORT_HOLD => RetryAfter::WithinShortHold,
+                Some(after) if after <= TTL => RetryAfter::WithinLease,
                 Some(_) => RetryAfter::Past,
             },
         },

@@ -136,6 +136,7 @@ impl LeaseState {
             kind: self.kind,
             ttl: self.ttl,
             hold_until: self.hold_until(),
+            undone: false,
         }
     }
 

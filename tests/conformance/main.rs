@@ -61,6 +61,7 @@ macro_rules! conformance {
                 a_hold_passed_or_nested_releases_as_usual,
                 a_shared_holders_hold_keeps_its_place,
                 a_waiter_elsewhere_wakes_at_the_holds_end_not_the_leases,
+                a_shared_holders_short_hold_frees_the_key_at_its_end,
             );
         }
     };

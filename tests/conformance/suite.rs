@@ -1602,3 +1602,38 @@ pub async fn a_waiter_elsewhere_wakes_at_the_holds_end_not_the_leases(
         entered - before_acquire
     );
 }
+
+/// A reader with a long lease leaves early under a short hold: the writer waiting for it gets in
+/// when the hold ends, not when the reader's lease would have (the key's own expiry follows its
+/// holders', shortened by the hold). Found by the generated combinations on one Redis.
+pub async fn a_shared_holders_short_hold_frees_the_key_at_its_end(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let other = deployment.another_client().await;
+    let before_acquire = Instant::now();
+    let held = locks
+        .acquire("report:shared", opts(30_000).read().hold_at_least(HOLD))
+        .await
+        .unwrap();
+    let writer = tokio::spawn(async move {
+        other
+            .run_locked(
+                "report:shared",
+                opts(5_000).wait(Duration::from_secs(60)),
+                async { Instant::now() },
+            )
+            .await
+    });
+    deployment.waiter_subscribed("report:shared").await;
+    held.release().await.unwrap();
+    let entered = writer.await.unwrap().unwrap();
+    assert!(
+        entered + CLOCK_SLACK >= before_acquire + HOLD,
+        "the writer got in {:?} after the acquire, within the reader's hold",
+        entered - before_acquire
+    );
+    assert!(
+        entered < before_acquire + HOLD + Duration::from_secs(5),
+        "the writer got in {:?} after the acquire: it slept out the reader's 30 s lease",
+        entered - before_acquire
+    );
+}

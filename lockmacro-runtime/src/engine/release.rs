@@ -65,6 +65,7 @@ impl Engine {
             kind: LockKind::Exclusive,
             ttl: next.options.ttl,
             hold_until: None,
+            undone: false,
         };
         tracing::debug!(key = %lease.key, "handing the lock to the next waiter of this client");
         let sent_at = clock::now();

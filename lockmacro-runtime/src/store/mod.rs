@@ -167,6 +167,7 @@ impl AcquireRequest<'_> {
             ttl: self.ttl,
             // The work never ran: an undone attempt deletes.
             hold_until: None,
+            undone: true,
         }
     }
 }
@@ -193,6 +194,7 @@ impl ManyRequest<'_> {
             ttl: self.ttl,
             // The work never ran: an undone attempt deletes.
             hold_until: None,
+            undone: true,
         }
     }
 }
@@ -261,6 +263,10 @@ pub(crate) struct LeaseRef<'a> {
     pub(crate) ttl: Duration,
     /// `hold_at_least`: until when (nanos on [`crate::clock`]) a release keeps the key.
     pub(crate) hold_until: Option<u64>,
+    /// An attempt that did not win the lock (a minority of Redlock's masters, some of a
+    /// Cluster's slots, an answer lost), being undone: no work ran under it, so its release
+    /// is announced as "look again", not as a holder's release a watch would report.
+    pub(crate) undone: bool,
 }
 
 impl LeaseRef<'_> {
@@ -304,6 +310,7 @@ impl OwnedLease {
             kind: self.kind,
             ttl: self.ttl,
             hold_until: self.hold_until,
+            undone: false,
         }
     }
 }

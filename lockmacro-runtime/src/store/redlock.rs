@@ -543,10 +543,9 @@ impl QuorumFeed {
     const ECHO: Duration = Duration::from_millis(250);
 
     /// Whether `released`, heard from master `master`, is news rather than another master's
-    /// announcement of a release heard already. The same token can be released twice in a row
-    /// (a waiter keeps its token across attempts: the undo of a split attempt, then its real
-    /// release), so a master that announces it again announces a new release; and one heard
-    /// late counts as news: a look too many costs a round trip, a wake-up missed a lease.
+    /// announcement of a release heard already. One master can send the same message twice in a
+    /// row (two undone attempts' "look again", each an empty message), so a master that
+    /// announces it again announces something new; and one heard late counts as news: a look too many costs a round trip, a wake-up missed a lease.
     fn is_news(&mut self, master: usize, released: Released) -> bool {
         let now = Instant::now();
         self.heard

@@ -155,6 +155,7 @@ pub(crate) fn release_many(
     token: &str,
     announce: Announce,
     kept: Option<Duration>,
+    undone: bool,
 ) -> redis::Cmd {
     let bytes: usize = keys.iter().map(|key| key.len()).sum::<usize>()
         + channels.iter().map(String::len).sum::<usize>();
@@ -171,7 +172,7 @@ pub(crate) fn release_many(
         cmd.arg(channel);
     }
     cmd.arg(token);
-    announce.mark_release(&mut cmd, kept);
+    announce.mark_release(&mut cmd, kept, undone);
     cmd
 }
 
@@ -192,19 +193,26 @@ impl Announce {
         }
     }
 
-    /// A release script's last arguments: as [`mark`](Self::mark), or, while a
-    /// `hold_at_least` runs, the mark always given (`''` for none) and the time `kept` left.
-    fn mark_release(self, cmd: &mut redis::Cmd, kept: Option<Duration>) {
+    /// A release script's last arguments: as [`mark`](Self::mark) for a plain release (one
+    /// argument fewer on every release of a single server); else the mark always given (`''`
+    /// for none), the time `kept` left of a `hold_at_least` (`''` for none) and `undo` for an
+    /// attempt `undone` (announced as "look again").
+    fn mark_release(self, cmd: &mut redis::Cmd, kept: Option<Duration>, undone: bool) {
+        if kept.is_none() && !undone {
+            return self.mark(cmd);
+        }
+        let sharded = if self == Self::ShardedPublish {
+            "sharded"
+        } else {
+            ""
+        };
+        cmd.arg(sharded);
         match kept {
-            None => self.mark(cmd),
-            Some(kept) => {
-                let sharded = if self == Self::ShardedPublish {
-                    "sharded"
-                } else {
-                    ""
-                };
-                cmd.arg(sharded).arg(millis(kept));
-            }
+            Some(kept) => cmd.arg(millis(kept)),
+            None => cmd.arg(""),
+        };
+        if undone {
+            cmd.arg("undo");
         }
     }
 }
@@ -234,7 +242,7 @@ pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) ->
         lease.key.len() + lease.token.len() + channel.len() + 27,
     );
     cmd.arg(lease.key).arg(channel).arg(lease.token);
-    announce.mark_release(&mut cmd, lease.kept_for());
+    announce.mark_release(&mut cmd, lease.kept_for(), lease.undone);
     cmd
 }
 

@@ -370,6 +370,7 @@ impl<T: Transport> RedisStore<T> {
             lease.token,
             T::LAYOUT.announce(),
             lease.kept_for(),
+            lease.undone,
         ))
     }
 

@@ -89,12 +89,24 @@ if fair then
 end
 
 local ktype = redis.call('TYPE', key)['ok']
+-- A shared lock's live holders, and the latest and earliest of their ends (ms, server clock).
+local count, latest, earliest, shared_end = 0, 0, nil, nil
 if ktype == 'hash' then
-  -- A shared lock whose holders are all gone is no lock.
-  if live_holders() == 0 then
+  count, latest, earliest = live_holders()
+  if count == 0 then
+    -- A shared lock whose holders are all gone is no lock.
     redis.call('DEL', key)
     ktype = 'none'
+  else
+    shared_end = latest
   end
+end
+
+-- How long until the key may be free: a shared lock's last live holder's end (a holder kept by
+-- a hold shorter than its lease ends before the key would expire), else the key's expiry.
+local function free_in()
+  if shared_end then return shared_end - now end
+  return redis.call('PTTL', key)
 end
 
 if kind == 'x' then
@@ -109,18 +121,14 @@ if kind == 'x' then
       redis.call('ZADD', KEYS[5], ms(now + ttl), token)
       redis.call('PEXPIRE', KEYS[5], ttl)
     end
-    return busy(redis.call('PTTL', key), holder)
+    return busy(free_in(), holder)
   end
   redis.call('ZREM', KEYS[5], token)
 else
   local tag = 'read'
   if kind == 'p' then tag = 'permits:' .. ARGV[5] end
   if ktype == 'string' or (ktype == 'hash' and redis.call('HGET', key, 'kind') ~= tag) then
-    return busy(redis.call('PTTL', key))
-  end
-  local count, latest, earliest = 0, 0, nil
-  if ktype == 'hash' then
-    count, latest, earliest = live_holders()
+    return busy(free_in())
   end
   -- A call retried after it already ran finds its own field.
   if redis.call('HEXISTS', key, token) == 0 then

@@ -9,54 +9,26 @@
 -- token; ARGV[2] = 'sharded' for a cluster's sharded channel (announced by SPUBLISH), absent
 -- otherwise (PUBLISH): one argument fewer for Redis to read on every release of a single server.
 -- The message is the released token, which tells one release from the next.
--- ARGV[3] = milliseconds left of the lease's `hold_at_least`, given only while it runs (ARGV[2]
--- is then '' rather than absent): see the branch below.
+-- ARGV[3] = milliseconds left of the lease's `hold_at_least` while it runs, else '' or absent:
+-- see the branch below. ARGV[4] = 'undo' for an attempt that did not win the lock (a minority
+-- of Redlock's masters, an answer lost): no holder held it, so its release is announced as
+-- "look again" (an empty message), which a watch does not report as a hold. ARGV[2] is given
+-- ('' for none) whenever a later argument is.
 -- Returns 1 when our lease was removed (or kept), 0 when it was not ours (gone, another token,
 -- another type).
 local key, token = KEYS[1], ARGV[1]
-if ARGV[3] then
-  -- hold_at_least: the key is not freed yet. It keeps its holder's token (a shared lock, its
-  -- holder's field) and expires when the hold is over, longer or sooner than its lease. Nothing
-  -- is free, but the key's end moved: whoever waits or listens is told to look again (an empty
-  -- message, no token released), so a waiter sleeps until the hold's end, not its lease's.
-  local kept = tonumber(ARGV[3])
-  local sharded = ARGV[2] == 'sharded'
-  local holder = redis.pcall('GET', key)
-  if holder == token or holder == token .. '+' then
-    redis.call('PEXPIRE', key, kept)
-    local listening = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
-    if holder ~= token or listening.err or listening[2] > 0 then
-      redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], '')
-    end
-    return 1
-  elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash' then
-    local clock = redis.call('TIME')
-    local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-    local expires = tonumber(redis.call('HGET', key, token))
-    if expires and expires > now then
-      redis.call('HSET', key, token, string.format('%d', now + kept))
-      if redis.call('PTTL', key) < kept then
-        redis.call('PEXPIRE', key, kept)
-      end
-      redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], '')
-      return 1
-    end
-  end
-  return 0
-end
-local holder = redis.pcall('GET', key)
-if holder == token then
-  redis.call('DEL', key)
-  local listening = redis.pcall('PUBSUB', ARGV[2] == 'sharded' and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
-  if not listening.err and listening[2] == 0 then
-    return 1
-  end
-elseif holder == token .. '+' then
-  redis.call('DEL', key)
-elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
-    and redis.call('HDEL', key, token) == 1 then
+local kept = tonumber(ARGV[3])
+local message = ARGV[4] == 'undo' and '' or token
+
+-- A shared lock's key lives exactly as long as its longest-living holder: lapsed holders are
+-- dropped, and the key goes with the last one. Its expiry may shrink (a holder left, or is kept
+-- by a hold shorter than its lease), so a waiter told the key's PTTL wakes when it is free.
+local function server_ms()
   local clock = redis.call('TIME')
-  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
+
+local function expire_with_holders(now)
   local fields = redis.call('HGETALL', key)
   local latest = 0
   for f = 1, #fields, 2 do
@@ -74,8 +46,48 @@ elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
   else
     redis.call('PEXPIRE', key, latest - now)
   end
+end
+
+if kept then
+  -- hold_at_least: the key is not freed yet. It keeps its holder's token (a shared lock, its
+  -- holder's field) and expires when the hold is over, longer or sooner than its lease. Nothing
+  -- is free, but the key's end moved: whoever waits or listens is told to look again (an empty
+  -- message, no token released), so a waiter sleeps until the hold's end, not its lease's.
+  local sharded = ARGV[2] == 'sharded'
+  local holder = redis.pcall('GET', key)
+  if holder == token or holder == token .. '+' then
+    redis.call('PEXPIRE', key, kept)
+    local listening = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
+    if holder ~= token or listening.err or listening[2] > 0 then
+      redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], '')
+    end
+    return 1
+  elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash' then
+    local now = server_ms()
+    local expires = tonumber(redis.call('HGET', key, token))
+    if expires and expires > now then
+      redis.call('HSET', key, token, string.format('%d', now + kept))
+      expire_with_holders(now)
+      redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], '')
+      return 1
+    end
+  end
+  return 0
+end
+local holder = redis.pcall('GET', key)
+if holder == token then
+  redis.call('DEL', key)
+  local listening = redis.pcall('PUBSUB', ARGV[2] == 'sharded' and 'SHARDNUMSUB' or 'NUMSUB', KEYS[2])
+  if not listening.err and listening[2] == 0 then
+    return 1
+  end
+elseif holder == token .. '+' then
+  redis.call('DEL', key)
+elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
+    and redis.call('HDEL', key, token) == 1 then
+  expire_with_holders(server_ms())
 else
   return 0
 end
-redis.call(ARGV[2] == 'sharded' and 'SPUBLISH' or 'PUBLISH', KEYS[2], token)
+redis.call(ARGV[2] == 'sharded' and 'SPUBLISH' or 'PUBLISH', KEYS[2], message)
 return 1

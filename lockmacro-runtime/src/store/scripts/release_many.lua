@@ -8,6 +8,8 @@
 -- otherwise (NUMSUB, PUBLISH); ARGV[3] = milliseconds left of the lease's `hold_at_least`,
 -- given only while it runs: then each key is kept that long instead (its holder's token
 -- stays), and whoever waits or listens is told to look again (an empty message), as
+-- release.lua does. ARGV[4] = 'undo' for an attempt that did not win the lock (a busy slot
+-- after others were taken, an answer lost): announced as "look again" (an empty message), as
 -- release.lua does.
 -- Returns how many keys were ours and are gone (or kept) now.
 local n = #KEYS / 2
@@ -15,6 +17,7 @@ local token = ARGV[1]
 local sharded = ARGV[2] == 'sharded'
 local publish = sharded and 'SPUBLISH' or 'PUBLISH'
 local kept = tonumber(ARGV[3])
+local message = ARGV[4] == 'undo' and '' or token
 local released = 0
 for i = 1, n do
   local holder = redis.pcall('GET', KEYS[i])
@@ -29,7 +32,7 @@ for i = 1, n do
       if listened then redis.call(publish, KEYS[n + i], '') end
     else
       redis.call('DEL', KEYS[i])
-      if listened then redis.call(publish, KEYS[n + i], token) end
+      if listened then redis.call(publish, KEYS[n + i], message) end
     end
     released = released + 1
   end
