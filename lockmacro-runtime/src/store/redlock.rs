@@ -15,7 +15,8 @@
 //! - Hand-over: a release passes the lock to the next waiter of the same client on every master
 //!   at once, handed when a majority handed it; otherwise the waiter's token is taken back
 //!   wherever it landed. One client's waiters never compete with each other for a majority.
-//! - Waiting: announcements from every master, one per release (they carry the released token).
+//! - Waiting: announcements from every master, one per release (they carry the released token;
+//!   an undone attempt's say "look again" only, so a watch does not take it for a hold).
 //! - Fencing is refused: the largest counter over a quorum need not grow, since the next holder's
 //!   quorum may miss the master that counted the last token.
 
@@ -80,6 +81,82 @@ impl RedlockStore {
             Err(_) => false,
         }
     }
+
+    /// One attempt (`on_master`, one key or several) on every master at once, each within a
+    /// budget far below the ttl (the Redlock paper), decided by a majority: taken when a
+    /// majority took it with time to spare (validity = ttl − elapsed − drift); otherwise undone
+    /// on every master where it was taken (or may have been) before answering, `Busy` when a
+    /// majority found a key busy, [`StoreError::NoQuorum`] when no majority either way.
+    async fn on_a_majority<'s, F, Fut>(
+        &'s self,
+        ttl: Duration,
+        undo: LeaseRef<'_>,
+        budget: Duration,
+        on_master: F,
+    ) -> Result<AcquiredMany, StoreError>
+    where
+        F: Fn(&'s RedisStore<Server>, Duration) -> Fut,
+        Fut: Future<Output = Result<AcquiredMany, StoreError>>,
+    {
+        let per_master = budget.min((ttl / 10).max(Duration::from_millis(10)));
+        let started = Instant::now();
+        // Every master's answer, each bounded by the per-master budget: a slow master that
+        // takes it is part of the lock, not undone for being late.
+        let quorum = self.quorum();
+        let answers = join_all(
+            self.masters
+                .iter()
+                .map(|master| on_master(master, per_master)),
+        )
+        .await;
+        let elapsed = started.elapsed();
+        let taken = answers
+            .iter()
+            .filter(|answer| matches!(answer, Ok(AcquiredMany::Taken)))
+            .count();
+        let busy: Vec<(usize, Option<Duration>)> = answers
+            .iter()
+            .filter_map(|answer| match answer {
+                Ok(AcquiredMany::Busy { key, remaining }) => Some((*key, *remaining)),
+                _ => None,
+            })
+            .collect();
+        let validity = ttl
+            .checked_sub(elapsed + clock::drift(ttl))
+            .filter(|left| !left.is_zero());
+        if taken >= quorum && validity.is_some() {
+            return Ok(AcquiredMany::Taken);
+        }
+        // Not ours: undo wherever it was taken (or may have been), before answering.
+        if taken > 0 || busy.len() + taken < self.masters.len() {
+            self.release_everywhere(undo).await;
+        }
+        if busy.len() >= quorum {
+            let key = busy.iter().map(|(key, _)| *key).min().unwrap_or(0);
+            // Free again once all but a minority of the busy masters are free.
+            let mut remaining: Vec<Option<Duration>> = busy.iter().map(|(_, left)| *left).collect();
+            remaining.sort_unstable();
+            let frees_a_majority = busy.len() - (self.masters.len() - quorum);
+            let mut remaining = remaining.get(frees_a_majority - 1).copied().flatten();
+            if taken > 0 {
+                // We took some masters: others may be racing us for the rest, and their keys go
+                // as ours did. Look again soon (the Redlock paper's random retry), not after
+                // leases that are being undone.
+                let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
+                remaining = Some(remaining.map_or(retry, |left| left.min(retry)));
+            }
+            return Ok(AcquiredMany::Busy { key, remaining });
+        }
+        if taken >= quorum {
+            return Err(StoreError::unavailable(format!(
+                "a majority took the lock only after {elapsed:?}, past the lease's validity"
+            )));
+        }
+        Err(StoreError::NoQuorum {
+            answered: taken.max(busy.len()),
+            needed: quorum,
+        })
+    }
 }
 
 impl Store for RedlockStore {
@@ -97,65 +174,21 @@ impl Store for RedlockStore {
                         .into(),
                 }));
             }
-            // Far below the ttl, so that slow masters cannot eat the lease (the Redlock paper).
-            let per_master = budget.min((request.ttl / 10).max(Duration::from_millis(10)));
-            let started = Instant::now();
-            // Every master's answer, each bounded by the per-master budget: a slow master that
-            // takes it is part of the lock, not undone for being late.
-            let quorum = self.quorum();
-            let answers = join_all(
-                self.masters
-                    .iter()
-                    .map(|master| master.acquire(request, per_master)),
-            )
-            .await;
-            let elapsed = started.elapsed();
-            let taken = answers
-                .iter()
-                .filter(|answer| matches!(answer, Ok(Acquired::Taken { .. })))
-                .count();
-            let mut busy: Vec<Option<Duration>> = answers
-                .iter()
-                .filter_map(|answer| match answer {
-                    Ok(Acquired::Busy { remaining }) => Some(*remaining),
-                    _ => None,
+            let on_master = |master: &'a RedisStore<Server>, per_master| async move {
+                let answer = master.acquire(request, per_master).await?;
+                Ok(match answer {
+                    Acquired::Taken { .. } => AcquiredMany::Taken,
+                    Acquired::Busy { remaining } => AcquiredMany::Busy { key: 0, remaining },
                 })
-                .collect();
-            let validity = request
-                .ttl
-                .checked_sub(elapsed + clock::drift(request.ttl))
-                .filter(|left| !left.is_zero());
-            if taken >= quorum && validity.is_some() {
-                return Ok(Acquired::Taken {
+            };
+            let decided = self
+                .on_a_majority(request.ttl, request.lease(), budget, on_master)
+                .await?;
+            Ok(match decided {
+                AcquiredMany::Taken => Acquired::Taken {
                     fencing_token: None,
-                });
-            }
-            // Not ours: undo wherever it was taken (or may have been), before answering.
-            if taken > 0 || busy.len() + taken < self.masters.len() {
-                self.release_everywhere(request.lease()).await;
-            }
-            if busy.len() >= quorum {
-                // Free again once all but a minority of the busy masters are free.
-                busy.sort_unstable();
-                let frees_a_majority = busy.len() - (self.masters.len() - quorum);
-                let mut remaining = busy.get(frees_a_majority - 1).copied().flatten();
-                if taken > 0 {
-                    // We took some masters: others may be racing us for the rest, and their
-                    // keys go as ours did. Look again soon (the Redlock paper's random retry),
-                    // not after leases that are being undone.
-                    let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
-                    remaining = Some(remaining.map_or(retry, |left| left.min(retry)));
-                }
-                return Ok(Acquired::Busy { remaining });
-            }
-            if taken >= quorum {
-                return Err(StoreError::unavailable(format!(
-                    "a majority took the lock only after {elapsed:?}, past the lease's validity"
-                )));
-            }
-            Err(StoreError::NoQuorum {
-                answered: taken.max(busy.len()),
-                needed: quorum,
+                },
+                AcquiredMany::Busy { remaining, .. } => Acquired::Busy { remaining },
             })
         })
     }
@@ -169,59 +202,11 @@ impl Store for RedlockStore {
         budget: Duration,
     ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
         Box::pin(async move {
-            let per_master = budget.min((request.ttl / 10).max(Duration::from_millis(10)));
-            let started = Instant::now();
-            let quorum = self.quorum();
-            let answers = join_all(
-                self.masters
-                    .iter()
-                    .map(|master| master.acquire_many(request, per_master)),
-            )
-            .await;
-            let elapsed = started.elapsed();
-            let taken = answers
-                .iter()
-                .filter(|answer| matches!(answer, Ok(AcquiredMany::Taken)))
-                .count();
-            let busy: Vec<(usize, Option<Duration>)> = answers
-                .iter()
-                .filter_map(|answer| match answer {
-                    Ok(AcquiredMany::Busy { key, remaining }) => Some((*key, *remaining)),
-                    _ => None,
-                })
-                .collect();
-            let validity = request
-                .ttl
-                .checked_sub(elapsed + clock::drift(request.ttl))
-                .filter(|left| !left.is_zero());
-            if taken >= quorum && validity.is_some() {
-                return Ok(AcquiredMany::Taken);
-            }
-            if taken > 0 || busy.len() + taken < self.masters.len() {
-                self.release_everywhere(request.lease()).await;
-            }
-            if busy.len() >= quorum {
-                let key = busy.iter().map(|(key, _)| *key).min().unwrap_or(0);
-                let mut remaining: Vec<Option<Duration>> =
-                    busy.iter().map(|(_, left)| *left).collect();
-                remaining.sort_unstable();
-                let frees_a_majority = busy.len() - (self.masters.len() - quorum);
-                let mut remaining = remaining.get(frees_a_majority - 1).copied().flatten();
-                if taken > 0 {
-                    let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
-                    remaining = Some(remaining.map_or(retry, |left| left.min(retry)));
-                }
-                return Ok(AcquiredMany::Busy { key, remaining });
-            }
-            if taken >= quorum {
-                return Err(StoreError::unavailable(format!(
-                    "a majority took the locks only after {elapsed:?}, past the lease's validity"
-                )));
-            }
-            Err(StoreError::NoQuorum {
-                answered: taken.max(busy.len()),
-                needed: quorum,
-            })
+            let on_master = |master: &'a RedisStore<Server>, per_master| {
+                master.acquire_many(request, per_master)
+            };
+            self.on_a_majority(request.ttl, request.lease(), budget, on_master)
+                .await
         })
     }
 
