@@ -9,10 +9,11 @@
 //!   announced. [`holder_token`] reads the token back.
 //! - **A shared lock** (readers, permits) is a hash: field [`KIND_FIELD`] says which
 //!   ([`shared_kind_tag`]), and each holder has a field of its own, its token, holding its own
-//!   expiry in milliseconds of the server clock.
+//!   expiry in milliseconds of the server clock. The key expires with its last live holder.
 //! - **Internal names** ([`Names`]), under a namespace of their own (`lockmacro` unless the
 //!   client sets another, so an ACL can grant exactly them): the fencing counter of a key, the
-//!   channel its releases are announced on (the message is the released token), a fair lock's
+//!   channel its releases are announced on (the message is the released token, or empty for "look
+//!   again": a hold kept the key, or an attempt that did not win was undone), a fair lock's
 //!   queue and its places' expiries, and the writers waiting for a key's readers to leave. On a
 //!   Cluster each is placed in its key's slot ([`Names::in_slot`]).
 //! - **A lock kept by `hold_at_least`** after its release is stored as it was held: the same
