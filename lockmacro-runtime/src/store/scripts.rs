@@ -13,9 +13,16 @@ use super::{AcquireNames, AcquireRequest, Acquired, AcquiredMany, LeaseRef};
 use crate::clock::millis;
 use crate::options::LockKind;
 
-pub(crate) const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
-pub(crate) const RELEASE_LUA: &str = include_str!("scripts/release.lua");
-pub(crate) const EXTEND_LUA: &str = include_str!("scripts/extend.lua");
+/// Put in front of the scripts that read a shared lock: the one home of how its holders live.
+macro_rules! with_holders {
+    ($script:literal) => {
+        concat!(include_str!("scripts/holders.lua"), include_str!($script))
+    };
+}
+
+pub(crate) const ACQUIRE_LUA: &str = with_holders!("scripts/acquire.lua");
+pub(crate) const RELEASE_LUA: &str = with_holders!("scripts/release.lua");
+pub(crate) const EXTEND_LUA: &str = with_holders!("scripts/extend.lua");
 pub(crate) const HAND_OVER_LUA: &str = include_str!("scripts/hand_over.lua");
 pub(crate) const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 pub(crate) const FORCE_RELEASE_LUA: &str = include_str!("scripts/force_release.lua");

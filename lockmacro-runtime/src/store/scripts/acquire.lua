@@ -20,31 +20,10 @@
 -- known} when busy.
 local key, token, ttl, kind = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4]
 local fair, waiting = ARGV[6] == '1', ARGV[7] == '1'
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now = server_ms()
 
 local function ms(n)
   return string.format('%d', math.floor(n))
-end
-
--- Holders of a shared lock whose expiry passed are dropped (a crashed reader blocks others at
--- most its ttl). Returns how many are left, and the latest and earliest expiry among them.
-local function live_holders()
-  local fields = redis.call('HGETALL', key)
-  local count, latest, earliest = 0, 0, nil
-  for i = 1, #fields, 2 do
-    if fields[i] ~= 'kind' then
-      local expires = tonumber(fields[i + 1]) or 0
-      if expires <= now then
-        redis.call('HDEL', key, fields[i])
-      else
-        count = count + 1
-        if expires > latest then latest = expires end
-        if not earliest or expires < earliest then earliest = expires end
-      end
-    end
-  end
-  return count, latest, earliest
 end
 
 -- The fair queue's first live waiter; waiters that stopped coming back are dropped.
@@ -90,22 +69,20 @@ end
 
 local ktype = redis.call('TYPE', key)['ok']
 -- A shared lock's live holders, and the latest and earliest of their ends (ms, server clock).
-local count, latest, earliest, shared_end = 0, 0, nil, nil
+local count, latest, earliest = 0, 0, nil
 if ktype == 'hash' then
-  count, latest, earliest = live_holders()
+  count, latest, earliest = live_holders(key, now)
   if count == 0 then
     -- A shared lock whose holders are all gone is no lock.
     redis.call('DEL', key)
     ktype = 'none'
-  else
-    shared_end = latest
   end
 end
 
 -- How long until the key may be free: a shared lock's last live holder's end (a holder kept by
 -- a hold shorter than its lease ends before the key would expire), else the key's expiry.
 local function free_in()
-  if shared_end then return shared_end - now end
+  if ktype == 'hash' then return latest - now end
   return redis.call('PTTL', key)
 end
 

@@ -4,8 +4,7 @@
 -- replaced by a value of another type is lost too, and costs the other leases nothing.
 -- KEYS[i] = lock key, ARGV[2i-1] = its token, ARGV[2i] = its ttl in ms.
 -- Returns one integer per key: 1 extended, 0 lost.
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now = server_ms()
 local extended = {}
 for i, key in ipairs(KEYS) do
   local token, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
@@ -19,19 +18,7 @@ for i, key in ipairs(KEYS) do
     local expires = tonumber(redis.call('HGET', key, token))
     if expires and expires > now then
       redis.call('HSET', key, token, string.format('%d', now + ttl))
-      local fields = redis.call('HGETALL', key)
-      local latest = now + ttl
-      for f = 1, #fields, 2 do
-        if fields[f] ~= 'kind' then
-          local other = tonumber(fields[f + 1]) or 0
-          if other <= now then
-            redis.call('HDEL', key, fields[f])
-          elseif other > latest then
-            latest = other
-          end
-        end
-      end
-      redis.call('PEXPIRE', key, latest - now)
+      expire_with_holders(key, now)
       extended[i] = 1
     end
   end

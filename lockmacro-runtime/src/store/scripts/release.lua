@@ -20,34 +20,6 @@ local key, token = KEYS[1], ARGV[1]
 local kept = tonumber(ARGV[3])
 local message = ARGV[4] == 'undo' and '' or token
 
--- A shared lock's key lives exactly as long as its longest-living holder: lapsed holders are
--- dropped, and the key goes with the last one. Its expiry may shrink (a holder left, or is kept
--- by a hold shorter than its lease), so a waiter told the key's PTTL wakes when it is free.
-local function server_ms()
-  local clock = redis.call('TIME')
-  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-end
-
-local function expire_with_holders(now)
-  local fields = redis.call('HGETALL', key)
-  local latest = 0
-  for f = 1, #fields, 2 do
-    if fields[f] ~= 'kind' then
-      local other = tonumber(fields[f + 1]) or 0
-      if other <= now then
-        redis.call('HDEL', key, fields[f])
-      elseif other > latest then
-        latest = other
-      end
-    end
-  end
-  if latest == 0 then
-    redis.call('DEL', key)
-  else
-    redis.call('PEXPIRE', key, latest - now)
-  end
-end
-
 if kept then
   -- hold_at_least: the key is not freed yet. It keeps its holder's token (a shared lock, its
   -- holder's field) and expires when the hold is over, longer or sooner than its lease. Nothing
@@ -67,7 +39,7 @@ if kept then
     local expires = tonumber(redis.call('HGET', key, token))
     if expires and expires > now then
       redis.call('HSET', key, token, string.format('%d', now + kept))
-      expire_with_holders(now)
+      expire_with_holders(key, now)
       redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], '')
       return 1
     end
@@ -85,7 +57,7 @@ elseif holder == token .. '+' then
   redis.call('DEL', key)
 elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash'
     and redis.call('HDEL', key, token) == 1 then
-  expire_with_holders(server_ms())
+  expire_with_holders(key, server_ms())
 else
   return 0
 end
