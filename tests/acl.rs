@@ -16,7 +16,8 @@ use testkit::RedisServer;
 /// The grant below is the complete list the library needs (found by running this test):
 /// connection set-up (`PING`, `AUTH`/`HELLO`, `SELECT` for a db; redis-rs also sends
 /// `CLIENT SETINFO` on Redis ≥ 7.2 and ignores its refusal), `SET` and `EVALSHA`/`EVAL`/
-/// `SCRIPT LOAD` for the scripts, which call `GET`, `SET`, `APPEND` (a waiter marks a held key
+/// `SCRIPT LOAD` for the scripts, which call `GET`, `MGET` (a release reads the lock's value and
+/// its watch mark at once), `SET`, `APPEND` (a waiter marks a held key
 /// so that its release is announced), `DEL`, `TYPE`, `PEXPIRE`, `PTTL`, `TIME`, `PUBLISH` and
 /// `PUBSUB NUMSUB` (a hand-over to a waiter of the same client; without it, releases announce
 /// instead), the hash commands of shared locks, the list commands of fair queues and the
@@ -42,6 +43,7 @@ async fn acl_user_confined_to_locks_works_there_and_gets_noperm_elsewhere() {
         "+set",
         "+append",
         "+get",
+        "+mget",
         "+del",
         "+pexpire",
         "+pttl",

@@ -245,8 +245,7 @@ async fn a_release_is_announced_only_when_someone_waits() {
     .await;
     lease.release().await.unwrap();
     waiting.await.unwrap().expect("woken by the announcement");
-    // The holder's release was announced (the waiter's own may be too, if its subscription
-    // was still open when it released: someone listened).
+    // The holder's release was announced (the waiter's own is not: nobody marked it).
     let announced = command_calls(&server, "publish");
     assert!(announced > publishes, "the waited-for release announced");
 
@@ -263,5 +262,59 @@ async fn a_release_is_announced_only_when_someone_waits() {
         command_calls(&server, "publish"),
         announced,
         "nobody waits any more"
+    );
+}
+
+/// A watch marks the key it follows (a key named as its release channel), so that an
+/// unmarked release, which nobody waits for, is announced too: the watch reports the hold
+/// between two of its looks. A key nobody watches costs its release no `PUBLISH`.
+#[tokio::test]
+async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key() {
+    use common::{command_calls, get};
+    use futures_util::StreamExt;
+    use lockmacro_runtime::{LockEvent, protocol};
+    let server = RedisServer::start();
+    let (holder, watcher) = (fast_client(&server).await, fast_client(&server).await);
+    let mark = protocol::Names::default().release_channel("watched:1");
+    // A stream does nothing until polled: a task follows it.
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+    let watching = tokio::spawn(async move {
+        let mut events = watcher.watch("watched:1");
+        while let Some(event) = events.next().await {
+            let _ = seen_tx.send(event.expect("a watch event"));
+        }
+    });
+    common::eventually(Duration::from_secs(5), "the watch's mark", || async {
+        get(&server, &mark).await.is_some()
+    })
+    .await;
+    let publishes = command_calls(&server, "publish");
+    let lease = holder.acquire("watched:1", opts(30_000)).await.unwrap();
+    let token = lease.token().to_owned();
+    assert_eq!(get(&server, "watched:1").await, Some(token), "unmarked");
+    lease.release().await.unwrap();
+    assert_eq!(
+        command_calls(&server, "publish"),
+        publishes + 1,
+        "the watched release announced"
+    );
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let event = tokio::time::timeout(Duration::from_secs(5), seen_rx.recv()).await;
+        seen.push(event.expect("an event").expect("the watch goes on"));
+    }
+    assert!(
+        matches!(seen[..], [LockEvent::Acquired { .. }, LockEvent::Released]),
+        "{seen:?}"
+    );
+    watching.abort();
+
+    // A key nobody watches: no mark, no announcement.
+    let lease = holder.acquire("unwatched:1", opts(30_000)).await.unwrap();
+    lease.release().await.unwrap();
+    assert_eq!(
+        command_calls(&server, "publish"),
+        publishes + 1,
+        "an unwatched release costs no PUBLISH"
     );
 }

@@ -6,6 +6,7 @@
 mod acquire;
 mod many;
 mod release;
+mod turns;
 mod wait;
 
 use std::sync::Arc;
@@ -32,7 +33,7 @@ pub(crate) struct Engine {
     waits: WaitQueue,
     response_timeout: Duration,
     /// Bounds the acquires and releases this client has on the wire at once.
-    in_flight: tokio::sync::Semaphore,
+    in_flight: turns::Turns,
     /// Set by [`shutdown`](Self::shutdown): no lock is taken or kept after it.
     closing: Closing,
     shutdown_timeout: Duration,
@@ -95,27 +96,26 @@ impl Engine {
             waits: WaitQueue::start(store.clone(), &background),
             store,
             response_timeout: timing.response_timeout,
-            in_flight: tokio::sync::Semaphore::new(REQUESTS_IN_FLIGHT),
+            in_flight: turns::Turns::new(REQUESTS_IN_FLIGHT),
             closing: Closing::default(),
             shutdown_timeout: timing.shutdown_timeout,
             background,
         }
     }
 
-    /// Sends an acquire or a release (`what`, for the metrics) in its turn (see
-    /// [`REQUESTS_IN_FLIGHT`]): its reply, and when it went on the wire (nanos). A lease's time
-    /// counts from then: time spent queued in the client is not the lease's.
-    async fn send_in_turn<T>(
-        &self,
-        what: &'static str,
-        request: impl Future<Output = T>,
-    ) -> (T, u64) {
-        // Never closed, so acquiring only waits.
-        let Ok(_turn) = self.in_flight.acquire().await else {
-            unreachable!("the client never closes its in-flight semaphore")
-        };
+    /// Sends an acquire in its turn (see [`REQUESTS_IN_FLIGHT`]): its reply, and when it went
+    /// on the wire (nanos). A lease's time counts from then: time spent queued in the client is
+    /// not the lease's.
+    async fn acquire_in_turn<T>(&self, request: impl Future<Output = T>) -> (T, u64) {
+        let _turn = self.in_flight.take().await;
         let sent_at = clock::now();
-        (metrics::timed(what, request).await, sent_at)
+        (metrics::timed("acquire", request).await, sent_at)
+    }
+
+    /// Sends a release in its turn (see [`REQUESTS_IN_FLIGHT`]).
+    async fn release_in_turn<T>(&self, request: impl Future<Output = T>) -> T {
+        let _turn = self.in_flight.take().await;
+        metrics::timed("release", request).await
     }
 
     /// The deployment, for inspection (`crate::inspect`).
@@ -252,9 +252,12 @@ impl Keeper for Engine {
         self.retry_release(lease);
     }
 
-    /// Stops renewing `lease` (its holder knows it is gone).
+    /// Stops renewing `lease` (its holder knows it is gone). A lease out of the watchdog's
+    /// registry already (released, or drained by the shutdown) costs no second look in it.
     fn forget(&self, lease: &LeaseState) {
-        self.renewals.deregister(lease.id);
+        if !lease.is_finished() {
+            self.renewals.deregister(lease.id);
+        }
     }
 }
 
@@ -268,7 +271,11 @@ fn next_lease_id() -> u64 {
 /// `fast-rng`, a thread-local CSPRNG, so no system call per token) in its simple form, 32
 /// lowercase hex digits without hyphens.
 fn new_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    let mut hex = [0; uuid::fmt::Simple::LENGTH];
+    uuid::Uuid::new_v4()
+        .simple()
+        .encode_lower(&mut hex)
+        .to_owned()
 }
 
 #[cfg(test)]

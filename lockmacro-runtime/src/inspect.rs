@@ -261,8 +261,8 @@ impl LockClient {
 
     /// Follows `key`: [`LockEvent::Acquired`] when a holder takes it, [`LockEvent::Released`]
     /// when it becomes free (released, expired or forced); a waiter arriving or leaving is no
-    /// event. Driven by the key's release announcements (every release of a key somebody
-    /// listens to is announced, so a watch hears each one), with a look every [`WATCH_POLL`]
+    /// event. Driven by the key's release announcements (a watch marks the key as watched at
+    /// each look, and every release of a watched key is announced), with a look every [`WATCH_POLL`]
     /// for expiries and new holders of a free key. A holder replaced between two looks is
     /// reported as `Released` then `Acquired`, and an announced release of a holder never seen
     /// as `Acquired` then `Released`: no hold that ends in a release is missed, however short.
@@ -373,6 +373,9 @@ impl Watcher {
             }
         }
         self.look_now = false;
+        // Marked before the look, and after the subscription: every release from the look on
+        // is announced, and heard.
+        self.store.mark_watched(&self.key).await?;
         let found = self.store.inspect(&self.key).await?;
         let news = found.as_ref().is_some_and(|snapshot| {
             snapshot

@@ -97,6 +97,13 @@ impl Lease {
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
         let state = &self.state;
         let span = tracing::debug_span!("lock", key = %state.key);
+        // A disabled span still logs its entering and leaving when tracing's `log` feature is
+        // on (axum's default features turn it on), at every poll: none at all costs nothing.
+        let span = if span.is_disabled() {
+            tracing::Span::none()
+        } else {
+            span
+        };
         let work = context::scope(state.clone(), work).instrument(span);
         let mut work = std::pin::pin!(work);
         if !state.is_cancelled() && Instant::now() < state.deadline() {

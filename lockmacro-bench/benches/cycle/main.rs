@@ -7,8 +7,11 @@
 //! interleaved A B A B … over 5 repetitions. It prints cycles/s and the child's CPU per cycle
 //! (`getrusage`, whole process), ours ÷ redis-rs alone paired by repetition, median and range.
 //!
+//! `… --bench cycle -- W2` runs one workload; `CYCLE_REPS=n` sets the repetitions (5).
 //! `CYCLE_PERF=dir` records each child's first repetition with `perf record -g` into
-//! `dir/{system}-{tasks}.data`, for profiling the two side by side.
+//! `dir/{system}-{tasks}.data`, for profiling the two side by side. `CYCLE_COUNT=n` makes a child
+//! run `n` cycles per task and stop, so that `valgrind --tool=callgrind` counts the instructions
+//! of a cycle: the difference between two counts over the difference of their cycles.
 
 #[allow(dead_code)]
 #[path = "../lock_bench/floor.rs"]
@@ -28,12 +31,15 @@ use measure::{median, micros, process_cpu};
 
 const CHILD: &str = "--cycle-child";
 const RESULT: &str = "cycle-result ";
+/// Repetitions unless `CYCLE_REPS` says how many.
 const REPS: usize = 5;
 const RUN: Duration = Duration::from_secs(2);
 const OPTIONS: LockOptions = LockOptions::new()
     .ttl(Duration::from_secs(3))
     .max_renewals(3);
 const SYSTEMS: [&str; 2] = ["redis-rs", "lockmacro"];
+/// Cycles per task instead of a timed run (no warm-up), for counting instructions per cycle.
+const COUNT: &str = "CYCLE_COUNT";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -47,14 +53,24 @@ fn main() {
         println!("{RESULT}{cps} {cpu}");
         return;
     }
+    let reps =
+        std::env::var("CYCLE_REPS").map_or(REPS, |reps| reps.parse().expect("CYCLE_REPS: a count"));
+    let workloads: Vec<(&str, usize)> = [("W1", 1usize), ("W2", 64)]
+        .into_iter()
+        .filter(|(name, _)| {
+            // `cargo bench` passes `--bench`; the rest names workloads.
+            let mut asked = args.iter().filter(|arg| !arg.starts_with("--")).peekable();
+            asked.peek().is_none() || asked.any(|arg| arg == name)
+        })
+        .collect();
     let server = RedisServer::start();
     let perf = std::env::var("CYCLE_PERF").ok();
     println!(
         "| workload | system | cycles/s | client CPU per cycle | cycles/s ÷ redis-rs alone | CPU per cycle ÷ redis-rs alone |\n|---|---|---:|---:|---:|---:|"
     );
-    for (workload, tasks) in [("W1", 1usize), ("W2", 64)] {
+    for (workload, tasks) in workloads {
         let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); SYSTEMS.len()];
-        for rep in 0..REPS {
+        for rep in 0..reps {
             for (i, system) in SYSTEMS.iter().enumerate() {
                 let exe = std::env::current_exe().expect("this binary");
                 let mut command = match (&perf, rep) {
@@ -108,7 +124,7 @@ fn main() {
         }
     }
     println!(
-        "\n{REPS} interleaved repetitions of {} s each, each system its own process; load average after: {}",
+        "\n{reps} interleaved repetitions of {} s each, each system its own process; load average after: {}",
         RUN.as_secs(),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
@@ -126,7 +142,7 @@ async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
     let floor = Floor::new(connection).await;
     let locks = LockClient::connect(url).await.expect("LockClient");
     let lockmacro = system == "lockmacro";
-    let run = |duration: Duration| {
+    let run = |duration: Duration, count: Option<u64>| {
         let (floor, locks) = (floor.clone(), locks.clone());
         async move {
             let deadline = Instant::now() + duration;
@@ -136,7 +152,7 @@ async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
                 handles.push(tokio::spawn(async move {
                     let key = format!("cycle:{}:{task}", std::process::id());
                     let mut cycles = 0u64;
-                    while Instant::now() < deadline {
+                    while count.map_or(Instant::now() < deadline, |count| cycles < count) {
                         if lockmacro {
                             locks
                                 .run_locked(key.as_str(), OPTIONS, async {})
@@ -157,9 +173,17 @@ async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
             cycles
         }
     };
-    run(RUN / 5).await;
+    if let Ok(cycles) = std::env::var(COUNT) {
+        // A fixed number of cycles, no warm-up: instructions per cycle under callgrind.
+        let cycles: u64 = cycles
+            .parse()
+            .expect("CYCLE_COUNT: a number of cycles per task");
+        run(Duration::ZERO, Some(cycles)).await;
+        return (0.0, 0.0);
+    }
+    run(RUN / 5, None).await;
     let (cpu_before, started) = (process_cpu(), Instant::now());
-    let cycles = run(RUN).await;
+    let cycles = run(RUN, None).await;
     let cpu = process_cpu() - cpu_before;
     (
         cycles as f64 / started.elapsed().as_secs_f64(),

@@ -116,7 +116,7 @@ impl Engine {
             fair: options.fair,
         };
         let (reply, sent_at) = self
-            .send_in_turn("acquire", self.store.acquire(request, budget))
+            .acquire_in_turn(self.store.acquire(request, budget))
             .await;
         match reply {
             Ok(Acquired::Taken { fencing_token }) => {

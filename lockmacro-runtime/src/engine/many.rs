@@ -107,7 +107,7 @@ impl Engine {
             waiting,
         };
         let (reply, sent_at) = self
-            .send_in_turn("acquire", self.store.acquire_many(request, budget))
+            .acquire_in_turn(self.store.acquire_many(request, budget))
             .await;
         match reply {
             Ok(AcquiredMany::Taken) => {

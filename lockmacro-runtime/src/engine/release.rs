@@ -32,8 +32,8 @@ impl Engine {
             // Boxed, as the waiting path is: it stays out of every release's future.
             return Box::pin(self.hand_over(store, right, next)).await;
         }
-        let (released, _) = self
-            .send_in_turn("release", self.store.release(lease.lease_ref()))
+        let released = self
+            .release_in_turn(self.store.release(lease.lease_ref()))
             .await;
         let released = released.map_err(|error| error.into_lock_error(Some(&lease.key)))?;
         right.disarm();

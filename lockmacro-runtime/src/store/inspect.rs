@@ -119,6 +119,19 @@ pub(crate) async fn look(
     Ok(read_look(key, reply))
 }
 
+/// Marks `key` as followed by a watch, for [`protocol::WATCH_MARK_LIFE`]: until then each of
+/// its releases is announced (a key named as its release channel, see [`protocol`]).
+pub(crate) async fn mark_watched(commands: &dyn Commands, key: &str) -> Result<(), StoreError> {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(beside(commands, key, |k| {
+        commands.names().release_channel(k)
+    })?)
+    .arg("1")
+    .arg("PX")
+    .arg(crate::clock::millis(protocol::WATCH_MARK_LIFE));
+    commands.on_key(key, &cmd).await.map(drop)
+}
+
 /// What inspect.lua's reply means; `None` for a key that holds no lock of ours.
 fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
     let Value::Array(fields) = reply else {
@@ -333,6 +346,32 @@ pub(crate) async fn quorum_look(
     )
     .await;
     quorum_view(key, looks)
+}
+
+/// [`mark_watched`] on every master; done once a majority has the mark (a release is
+/// announced by each master that runs it, so a watch hears it from those).
+pub(crate) async fn quorum_mark_watched(
+    masters: &[RedisStore<Server>],
+    key: &str,
+) -> Result<(), StoreError> {
+    let outcomes = futures_util::future::join_all(
+        masters
+            .iter()
+            .map(|master| mark_watched(master as &dyn Commands, key)),
+    )
+    .await;
+    let quorum = masters.len() / 2 + 1;
+    let answered = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+    if answered >= quorum {
+        return Ok(());
+    }
+    Err(outcomes
+        .into_iter()
+        .find_map(Result::err)
+        .unwrap_or(StoreError::NoQuorum {
+            answered,
+            needed: quorum,
+        }))
 }
 
 fn quorum_view(

@@ -56,6 +56,8 @@ struct Data {
     fences: HashMap<String, u64>,
     /// How many feeds listen for releases of each key.
     listeners: HashMap<String, usize>,
+    /// Keys a watch follows, each until its mark lapses (`protocol::WATCH_MARK_LIFE`).
+    watched: HashMap<String, Instant>,
     /// Fair queues: waiting tokens in arrival order, each with the time its place lapses.
     queues: HashMap<String, VecDeque<(String, Instant)>>,
     /// Writers waiting for readers to leave, each until its claim lapses.
@@ -104,6 +106,11 @@ impl Held {
 }
 
 impl Data {
+    /// Whether a watch follows `key` now: as the release scripts, its releases are announced.
+    fn watched(&self, key: &str, now: Instant) -> bool {
+        self.watched.get(key).is_some_and(|until| *until > now)
+    }
+
     /// What `key` holds now, dropping holders whose time is up (as Redis expires keys, and as
     /// the scripts drop a shared lock's lapsed holders).
     fn live(&mut self, key: &str, now: Instant) -> Option<&mut Held> {
@@ -325,8 +332,8 @@ impl MemoryStore {
     }
 
     /// As release_many.lua: every key of a multi-key lease still ours goes (or is kept while
-    /// its `hold_at_least` runs), announced when a waiter marked it or someone listens; `true`
-    /// when every key was ours.
+    /// its `hold_at_least` runs), announced when a waiter marked it or a watch follows it;
+    /// `true` when every key was ours.
     fn release_many(&self, lease: LeaseRef<'_>) -> bool {
         let mut announced = Vec::new();
         let mut looks_again = Vec::new();
@@ -336,7 +343,7 @@ impl MemoryStore {
             let now = Instant::now();
             let kept = lease.kept_for();
             for key in lease.keys {
-                let listening = data.listeners.contains_key(key.as_str());
+                let listening = data.watched(key, now);
                 if let Some(held @ Held::Exclusive { .. }) = data.live(key, now)
                     && held.held_by(lease.token, now)
                 {
@@ -501,14 +508,14 @@ impl Store for MemoryStore {
                 return Ok(self.release_many(lease));
             }
             // (ours, announced): as the release script, an exclusive lock's release is announced
-            // only when a waiter marked it or someone listens for it; a shared holder's always.
+            // only when a waiter marked it or a watch follows it; a shared holder's always.
             let (ours, announced) = {
                 let mut data = self.data();
                 let now = Instant::now();
                 if let Some(kept) = lease.kept_for() {
                     // `hold_at_least`, as the release script: the holder stays until the hold
-                    // is over, and whoever waits or listens is told to look again.
-                    let listened = data.listeners.contains_key(lease.key)
+                    // is over, and whoever waits or watches is told to look again.
+                    let listened = data.watched(lease.key, now)
                         || matches!(
                             data.live(lease.key, now),
                             Some(Held::Exclusive { waited: true, .. } | Held::Shared { .. })
@@ -524,7 +531,7 @@ impl Store for MemoryStore {
                     Some(held @ Held::Exclusive { .. }) if held.held_by(lease.token, now) => {
                         let waited = matches!(held, Held::Exclusive { waited: true, .. });
                         data.locks.remove(lease.key);
-                        (true, waited || data.listeners.contains_key(lease.key))
+                        (true, waited || data.watched(lease.key, now))
                     }
                     Some(Held::Shared { holders, .. }) => {
                         let ours = holders.remove(lease.token).is_some();
@@ -559,6 +566,14 @@ impl Store for MemoryStore {
 
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
         Box::pin(async move { Ok(self.data().snapshot(key, Instant::now())) })
+    }
+
+    fn mark_watched<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let until = Instant::now() + protocol::WATCH_MARK_LIFE;
+            self.data().watched.insert(key.to_owned(), until);
+            Ok(())
+        })
     }
 
     fn scan<'a>(

@@ -94,6 +94,10 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// What holds `key` now (`None`: no lock of ours), changing nothing ([`inspect`]).
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>>;
 
+    /// Marks `key` as followed by a watch for a while ([`protocol::WATCH_MARK_LIFE`]): its
+    /// releases are announced even when nobody waits for it.
+    fn mark_watched<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
     /// One page of the locks whose key starts with `prefix:` (`""`: every lock).
     fn scan<'a>(
         &'a self,

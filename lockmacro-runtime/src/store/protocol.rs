@@ -5,7 +5,7 @@
 //! tool and the test kit all read and name keys through it.
 //!
 //! - **An exclusive lock** is a string key `"{prefix}:{key}"` holding its holder's token,
-//!   followed by [`WAITED_MARK`] once a caller waits for it, so that only such a release is
+//!   followed by [`WAITED_MARK`] once a caller waits for it, so that such a release is
 //!   announced. [`holder_token`] reads the token back.
 //! - **A shared lock** (readers, permits) is a hash: field [`KIND_FIELD`] says which
 //!   ([`shared_kind_tag`]), and each holder has a field of its own, its token, holding its own
@@ -16,6 +16,10 @@
 //!   again": a hold kept the key, or an attempt that did not win was undone), a fair lock's
 //!   queue and its places' expiries, and the writers waiting for a key's readers to leave. On a
 //!   Cluster each is placed in its key's slot ([`Names::in_slot`]).
+//! - **A watched lock**: while a watch follows a lock, a key named as the lock's release channel
+//!   exists (`"1"`, renewed at each look for [`WATCH_MARK_LIFE`]), so that every release of the
+//!   lock is announced, not only a waited-for one. The release script reads it in the same
+//!   `MGET` as the lock's value: a release nobody waits for or watches costs no more.
 //! - **A lock kept by `hold_at_least`** after its release is stored as it was held: the same
 //!   token (or the same hash field), with the expiry set to the end of the hold.
 //! - **Fencing tokens** are never below the server clock in microseconds
@@ -31,6 +35,11 @@ use crate::options::LockKind;
 
 /// Appended to an exclusive lock's token once a caller waits for it: its release is announced.
 pub const WAITED_MARK: char = '+';
+
+/// How long a watch's mark on a lock lasts (see the module doc): renewed at each of the
+/// watch's looks, so only a watch that stopped looking for this long loses it, and a watch
+/// that ended costs its lock's releases a `PUBLISH` for at most this long.
+pub const WATCH_MARK_LIFE: Duration = Duration::from_secs(10);
 
 /// The field of a shared lock's hash that says which kind it is.
 pub const KIND_FIELD: &str = "kind";

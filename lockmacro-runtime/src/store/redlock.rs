@@ -349,6 +349,10 @@ impl Store for RedlockStore {
         Box::pin(inspect::quorum_look(&self.masters, key))
     }
 
+    fn mark_watched<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(inspect::quorum_mark_watched(&self.masters, key))
+    }
+
     fn scan<'a>(
         &'a self,
         prefix: &'a str,

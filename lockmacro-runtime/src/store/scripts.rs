@@ -13,7 +13,7 @@ use super::{AcquireNames, AcquireRequest, Acquired, AcquiredMany, LeaseRef};
 use crate::clock::millis;
 use crate::options::LockKind;
 
-/// Put in front of the scripts that read a shared lock: the one home of how its holders live.
+/// `script` with the shared lock's helpers (holders.lua, their one home) in front.
 macro_rules! with_holders {
     ($script:literal) => {
         concat!(include_str!("scripts/holders.lua"), include_str!($script))
@@ -21,7 +21,14 @@ macro_rules! with_holders {
 }
 
 pub(crate) const ACQUIRE_LUA: &str = with_holders!("scripts/acquire.lua");
-pub(crate) const RELEASE_LUA: &str = with_holders!("scripts/release.lua");
+/// The helpers come after the exclusive paths here: those return first, and a release of an
+/// exclusive lock, the common one, pays nothing for helpers it does not call (defining them
+/// made every release cost Redis about a tenth more).
+pub(crate) const RELEASE_LUA: &str = concat!(
+    include_str!("scripts/release.lua"),
+    include_str!("scripts/holders.lua"),
+    include_str!("scripts/release_shared.lua")
+);
 pub(crate) const EXTEND_LUA: &str = with_holders!("scripts/extend.lua");
 pub(crate) const HAND_OVER_LUA: &str = include_str!("scripts/hand_over.lua");
 pub(crate) const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");

@@ -640,6 +640,10 @@ impl<T: Transport> Store for RedisStore<T> {
         Box::pin(inspect::look(self, key))
     }
 
+    fn mark_watched<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(inspect::mark_watched(self, key))
+    }
+
     fn scan<'a>(
         &'a self,
         prefix: &'a str,

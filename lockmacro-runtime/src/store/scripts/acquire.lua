@@ -20,7 +20,8 @@
 -- known} when busy.
 local key, token, ttl, kind = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4]
 local fair, waiting = ARGV[6] == '1', ARGV[7] == '1'
-local now = server_ms()
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 local function ms(n)
   return string.format('%d', math.floor(n))

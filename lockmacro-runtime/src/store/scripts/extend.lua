@@ -4,7 +4,8 @@
 -- replaced by a value of another type is lost too, and costs the other leases nothing.
 -- KEYS[i] = lock key, ARGV[2i-1] = its token, ARGV[2i] = its ttl in ms.
 -- Returns one integer per key: 1 extended, 0 lost.
-local now = server_ms()
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local extended = {}
 for i, key in ipairs(KEYS) do
   local token, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
@@ -18,7 +19,7 @@ for i, key in ipairs(KEYS) do
     local expires = tonumber(redis.call('HGET', key, token))
     if expires and expires > now then
       redis.call('HSET', key, token, string.format('%d', now + ttl))
-      expire_with_holders(key, now)
+      live_holders(key, now, true)
       extended[i] = 1
     end
   end
