@@ -134,7 +134,7 @@ impl Engine {
             .into_iter()
             .filter_map(|lease| {
                 lease.shut_down();
-                ReleaseRight::claim(&lease, self.clone())
+                ReleaseRight::claim(&lease, self)
             })
             .collect();
         if rights.is_empty() {

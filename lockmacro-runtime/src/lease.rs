@@ -96,13 +96,13 @@ impl Lease {
     /// Dropping the returned future drops `work`; the lease stays held until the `Lease` goes.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
         let state = &self.state;
-        let span = tracing::debug_span!("lock", key = %state.key);
-        // A disabled span still logs its entering and leaving when tracing's `log` feature is
-        // on (axum's default features turn it on), at every poll: none at all costs nothing.
-        let span = if span.is_disabled() {
-            tracing::Span::none()
+        // Asked first: a disabled span still records its fields and logs its entering and
+        // leaving at every poll when tracing's `log` feature is on (axum's default features turn
+        // it on); no span at all costs nothing.
+        let span = if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!("lock", key = %state.key)
         } else {
-            span
+            tracing::Span::none()
         };
         let work = context::scope(state.clone(), work).instrument(span);
         let mut work = std::pin::pin!(work);
@@ -160,7 +160,7 @@ impl Lease {
         let state = &self.state;
         state.record_end(End::Ok);
         // Lost, or the client's shutdown took its release on: nothing of ours to release.
-        let Some(right) = ReleaseRight::claim(state, self.engine.clone()) else {
+        let Some(right) = ReleaseRight::claim(state, &self.engine) else {
             return Ok(());
         };
         // The right travels with the request: dropping this future before the answer, or an
@@ -183,6 +183,6 @@ impl Drop for Lease {
         } else {
             End::Cancelled
         });
-        drop(ReleaseRight::claim(&self.state, self.engine.clone()));
+        drop(ReleaseRight::claim(&self.state, &self.engine));
     }
 }

@@ -30,13 +30,16 @@ impl ReleaseRight {
     /// Claims the right to release `lease`: `None` when another party holds it already, or when
     /// the lease is known lost (there is nothing of ours to release; it is forgotten). A lease
     /// over several keys lost one of them: the others are still released.
-    pub(crate) fn claim(lease: &Arc<LeaseState>, keeper: Arc<dyn Keeper>) -> Option<Self> {
+    pub(crate) fn claim<K: Keeper + 'static>(
+        lease: &Arc<LeaseState>,
+        keeper: &Arc<K>,
+    ) -> Option<Self> {
         if (lease.is_lost() && lease.keys.is_empty()) || !lease.claim_release() {
             keeper.forget(lease);
             return None;
         }
         Some(Self {
-            held: Some((lease.clone(), keeper)),
+            held: Some((lease.clone(), keeper.clone())),
         })
     }
 

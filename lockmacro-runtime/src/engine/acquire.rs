@@ -65,7 +65,7 @@ impl Engine {
             // Unconfirmed, the right drops: released in the background. Its work never started,
             // so a hold does not apply.
             lease.drop_hold();
-            if let Some(right) = ReleaseRight::claim(&lease, self.clone())
+            if let Some(right) = ReleaseRight::claim(&lease, self)
                 && self.store.release(lease.lease_ref()).await.is_ok()
             {
                 right.disarm();

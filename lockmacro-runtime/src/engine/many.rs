@@ -77,7 +77,7 @@ impl Engine {
         };
         if self.closing.is_closed() {
             // Taken while the client shut down: give it back at once.
-            if let Some(right) = ReleaseRight::claim(&lease, self.clone())
+            if let Some(right) = ReleaseRight::claim(&lease, self)
                 && self.store.release(lease.lease_ref()).await.is_ok()
             {
                 right.disarm();

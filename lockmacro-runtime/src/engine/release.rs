@@ -100,7 +100,7 @@ impl Engine {
                 tracing::debug!(key = %lease.key, "lock handed to the next waiter of this client");
                 // Nobody else knows the new lease yet: its right is free to claim. A waiter gone
                 // meanwhile gets it back here, and dropping it releases the lease.
-                if let Some(right) = ReleaseRight::claim(&handed, self.clone()) {
+                if let Some(right) = ReleaseRight::claim(&handed, self) {
                     let _ = next.tell(Handing::Handed(right));
                 }
                 Ok(true)
