@@ -365,13 +365,7 @@ pub(crate) async fn quorum_mark_watched(
     if answered >= quorum {
         return Ok(());
     }
-    Err(outcomes
-        .into_iter()
-        .find_map(Result::err)
-        .unwrap_or(StoreError::NoQuorum {
-            answered,
-            needed: quorum,
-        }))
+    Err(StoreError::short_of_quorum(outcomes, answered, quorum))
 }
 
 fn quorum_view(
@@ -461,13 +455,7 @@ pub(crate) async fn quorum_force_release(
         return Ok(true);
     }
     if answered < quorum {
-        return Err(outcomes
-            .into_iter()
-            .find_map(Result::err)
-            .unwrap_or(StoreError::NoQuorum {
-                answered,
-                needed: quorum,
-            }));
+        return Err(StoreError::short_of_quorum(outcomes, answered, quorum));
     }
     Ok(false)
 }

@@ -346,6 +346,19 @@ impl StoreError {
         Self::Unavailable(Arc::from(error.into()))
     }
 
+    /// The error of a step that fewer than the `needed` majority of a quorum deployment's
+    /// servers `answered`: the first server's own error among `outcomes`, else `NoQuorum`.
+    pub(crate) fn short_of_quorum<T>(
+        outcomes: impl IntoIterator<Item = Result<T, StoreError>>,
+        answered: usize,
+        needed: usize,
+    ) -> Self {
+        outcomes
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or(Self::NoQuorum { answered, needed })
+    }
+
     pub(crate) fn into_lock_error(self, key: Option<&str>) -> LockError {
         match self {
             Self::Unavailable(source) => LockError::Redis {
