@@ -13,7 +13,6 @@
 //! releasing them all, it also prints what Redis and this process did meanwhile (CPU, and calls
 //! and time of each command in Redis), which tells where the time of a phase went.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -24,10 +23,11 @@ use testkit::RedisServer;
 use tokio::task::JoinSet;
 
 use crate::measure::{
-    CommandStats, heap_in_use, percentile, process_cpu, process_cpu_of, resident_bytes, server_pid,
-    thread_cpu, threads_named,
+    CommandStats, heap_in_use, percentile, process_cpu, resident_bytes, server_pid, thread_cpu,
+    threads_named,
 };
 use crate::relay::RoundTripRelay;
+use crate::work::Work;
 use crate::{grouped, number};
 
 /// The client's scan period (the default): one tick.
@@ -205,71 +205,6 @@ pub async fn measure(n: usize, quick: bool) -> Value {
         "take_work": take_work,
         "release_work": release_work,
     })
-}
-
-/// What Redis and this process had done by a moment: CPU, and each command's calls and time.
-struct Work {
-    at: Instant,
-    client_cpu: Duration,
-    server_cpu: Duration,
-    /// Per command: calls, and microseconds Redis spent in them.
-    commands: HashMap<String, (u64, u64)>,
-}
-
-impl Work {
-    async fn read(connection: &mut redis::aio::MultiplexedConnection, server_pid: u32) -> Self {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(connection)
-            .await
-            .expect("INFO commandstats");
-        let field = |fields: &str, name: &str| -> Option<u64> {
-            fields
-                .split(',')
-                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))?
-                .parse()
-                .ok()
-        };
-        let commands = info
-            .lines()
-            .filter_map(|line| {
-                let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = field(fields, "calls")?;
-                let usec = field(fields, "usec")?;
-                Some((name.to_owned(), (calls, usec)))
-            })
-            .collect();
-        Self {
-            at: Instant::now(),
-            client_cpu: process_cpu(),
-            server_cpu: process_cpu_of(server_pid),
-            commands,
-        }
-    }
-
-    /// What was done between `before` and `self`, as figures.
-    fn since(&self, before: &Work) -> Value {
-        let wall = (self.at - before.at).as_secs_f64();
-        let share = |cpu: Duration| cpu.as_secs_f64() / wall * 100.0;
-        let mut commands = serde_json::Map::new();
-        for (name, &(calls, usec)) in &self.commands {
-            let (calls_before, usec_before) = before.commands.get(name).copied().unwrap_or((0, 0));
-            let (calls, usec) = (calls - calls_before, usec - usec_before);
-            if calls > 0 && name != "info" {
-                commands.insert(
-                    name.clone(),
-                    json!({"calls": calls, "redis_s": usec as f64 / 1e6,
-                        "usec_per_call": usec as f64 / calls as f64}),
-                );
-            }
-        }
-        json!({
-            "wall_s": wall,
-            "client_cpu_percent": share(self.client_cpu - before.client_cpu),
-            "redis_cpu_percent": share(self.server_cpu - before.server_cpu),
-            "commands": commands,
-        })
-    }
 }
 
 /// Watches up to [`SAMPLED`] leases until `stop`: the lateness of each renewal seen, in ms.

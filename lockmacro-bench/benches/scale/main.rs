@@ -26,6 +26,7 @@ mod plot;
 #[path = "../lock_bench/relay.rs"]
 mod relay;
 mod waiters;
+mod work;
 
 use std::path::Path;
 use std::process::Command;
