@@ -184,7 +184,7 @@ impl Transport for Cluster {
             Ok(Box::new(ShardedFeed {
                 connection,
                 pushes: received,
-                channel_prefix: self.settings.names.release_channel(""),
+                names: self.settings.names.clone(),
                 watched: HashMap::new(),
                 response_timeout: self.settings.response_timeout,
             }) as Box<dyn ReleaseFeed>)
@@ -248,7 +248,7 @@ fn classify(err: RedisError) -> SendError {
 struct ShardedFeed {
     connection: ClusterConnection,
     pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
-    channel_prefix: String,
+    names: Names,
     /// Channel → key, for the keys watched: a channel name alone cannot always tell its key
     /// (`a` and `{a}` share one).
     watched: HashMap<String, String>,
@@ -258,7 +258,7 @@ struct ShardedFeed {
 impl ReleaseFeed for ShardedFeed {
     fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
+            let channel = self.names.release_channel_in_slot(key)?;
             bounded(self.response_timeout, self.connection.ssubscribe(&channel)).await?;
             self.watched.insert(channel, key.to_owned());
             Ok(())
@@ -267,7 +267,7 @@ impl ReleaseFeed for ShardedFeed {
 
     fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
+            let channel = self.names.release_channel_in_slot(key)?;
             self.watched.remove(&channel);
             bounded(
                 self.response_timeout,
