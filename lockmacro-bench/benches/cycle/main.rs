@@ -7,11 +7,19 @@
 //! interleaved A B A B … over 5 repetitions. It prints cycles/s and the child's CPU per cycle
 //! (`getrusage`, whole process), ours ÷ redis-rs alone paired by repetition, median and range.
 //!
+//! `… --bench cycle -- W1c W2c` runs the same on a 3-master Redis Cluster instead: redis-rs's
+//! cluster connection alone sending the lock's two commands there (`ClusterFloor`), against
+//! `run_locked` on a `cluster_builder` client. The floor's connection has no timer by default, as
+//! redis-rs's cluster connection comes; `CYCLE_FLOOR_TIMEOUT=1` gives it the lock's response
+//! timeout, which redis-rs arms on each node's reply and on each request as a whole.
+//!
 //! `… --bench cycle -- W2` runs one workload; `CYCLE_REPS=n` sets the repetitions (5).
 //! `CYCLE_PERF=dir` records each child's first repetition with `perf record -g` into
 //! `dir/{system}-{tasks}.data`, for profiling the two side by side. `CYCLE_COUNT=n` makes a child
 //! run `n` cycles per task and stop, so that `valgrind --tool=callgrind` counts the instructions
-//! of a cycle: the difference between two counts over the difference of their cycles.
+//! of a cycle: the difference between two counts over the difference of their cycles. A child is
+//! `--cycle-child <system> <url> <tasks>`; a cluster child's `<url>` is its seed nodes' URLs
+//! joined by commas.
 
 #[allow(dead_code)]
 #[path = "../lock_bench/floor.rs"]
@@ -20,13 +28,14 @@ mod floor;
 #[path = "../lock_bench/measure.rs"]
 mod measure;
 
+use std::future::Future;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lockmacro_runtime::{LockClient, LockOptions};
-use testkit::RedisServer;
+use testkit::{RedisCluster, RedisServer};
 
-use floor::Floor;
+use floor::{ClusterFloor, Floor};
 use measure::{median, micros, process_cpu};
 
 const CHILD: &str = "--cycle-child";
@@ -38,6 +47,13 @@ const OPTIONS: LockOptions = LockOptions::new()
     .ttl(Duration::from_secs(3))
     .max_renewals(3);
 const SYSTEMS: [&str; 2] = ["redis-rs", "lockmacro"];
+/// The same on a Redis Cluster of [`MASTERS`], its floor first.
+const CLUSTER_SYSTEMS: [&str; 2] = ["redis-rs-cluster", "lockmacro-cluster"];
+const MASTERS: usize = 3;
+/// The lock's response timeout (`LockClientBuilder`'s default), and the cluster floor's with
+/// [`FLOOR_TIMEOUT`].
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+const FLOOR_TIMEOUT: &str = "CYCLE_FLOOR_TIMEOUT";
 /// Cycles per task instead of a timed run (no warm-up), for counting instructions per cycle.
 const COUNT: &str = "CYCLE_COUNT";
 
@@ -49,29 +65,50 @@ fn main() {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let (cps, cpu) = runtime.block_on(child(system, url, tasks));
+        let (cps, cpu) = match system.as_str() {
+            "redis-rs" | "lockmacro" => runtime.block_on(child(system, url, tasks)),
+            _ => runtime.block_on(cluster_child(system, url, tasks)),
+        };
         println!("{RESULT}{cps} {cpu}");
         return;
     }
     let reps =
         std::env::var("CYCLE_REPS").map_or(REPS, |reps| reps.parse().expect("CYCLE_REPS: a count"));
-    let workloads: Vec<(&str, usize)> = [("W1", 1usize), ("W2", 64)]
-        .into_iter()
-        .filter(|(name, _)| {
-            // `cargo bench` passes `--bench`; the rest names workloads.
-            let mut asked = args.iter().filter(|arg| !arg.starts_with("--")).peekable();
-            asked.peek().is_none() || asked.any(|arg| arg == name)
-        })
-        .collect();
+    // `cargo bench` passes `--bench`; the rest names workloads. The cluster ones only by name.
+    let asked: Vec<&String> = args.iter().filter(|arg| !arg.starts_with("--")).collect();
+    let workloads: Vec<(&str, usize, bool)> = [
+        ("W1", 1usize, false),
+        ("W2", 64, false),
+        ("W1c", 1, true),
+        ("W2c", 64, true),
+    ]
+    .into_iter()
+    .filter(|(name, _, cluster)| match asked.is_empty() {
+        true => !cluster,
+        false => asked.iter().any(|arg| arg == name),
+    })
+    .collect();
     let server = RedisServer::start();
+    let cluster = workloads
+        .iter()
+        .any(|(_, _, cluster)| *cluster)
+        .then(|| RedisCluster::start(MASTERS, 0));
+    let seeds = cluster
+        .as_ref()
+        .map(|cluster| cluster.seed_urls().join(","))
+        .unwrap_or_default();
     let perf = std::env::var("CYCLE_PERF").ok();
     println!(
-        "| workload | system | cycles/s | client CPU per cycle | cycles/s ÷ redis-rs alone | CPU per cycle ÷ redis-rs alone |\n|---|---|---:|---:|---:|---:|"
+        "| workload | system | cycles/s | client CPU per cycle | cycles/s ÷ its floor | CPU per cycle ÷ its floor |\n|---|---|---:|---:|---:|---:|"
     );
-    for (workload, tasks) in workloads {
-        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); SYSTEMS.len()];
+    for (workload, tasks, cluster) in workloads {
+        let (systems, url) = match cluster {
+            true => (CLUSTER_SYSTEMS, seeds.clone()),
+            false => (SYSTEMS, server.url()),
+        };
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); systems.len()];
         for rep in 0..reps {
-            for (i, system) in SYSTEMS.iter().enumerate() {
+            for (i, system) in systems.iter().enumerate() {
                 let exe = std::env::current_exe().expect("this binary");
                 let mut command = match (&perf, rep) {
                     (Some(dir), 0) => {
@@ -86,7 +123,7 @@ fn main() {
                 let output = command
                     .arg(CHILD)
                     .arg(system)
-                    .arg(server.url())
+                    .arg(&url)
                     .arg(tasks.to_string())
                     .output()
                     .expect("a child");
@@ -104,7 +141,7 @@ fn main() {
             let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             format!("{:.2} ({lo:.2}–{hi:.2})", median(values.iter().copied()))
         };
-        for (i, system) in SYSTEMS.iter().enumerate() {
+        for (i, system) in systems.iter().enumerate() {
             let cps: Vec<f64> = runs[i].iter().map(|r| r.0).collect();
             let cpu: Vec<f64> = runs[i].iter().map(|r| r.1).collect();
             let ratio = |f: fn(&(f64, f64)) -> f64| -> Vec<f64> {
@@ -132,7 +169,37 @@ fn main() {
     );
 }
 
-/// Runs `system` with `tasks` tasks for a warm-up, then [`RUN`]: cycles/s and CPU µs per cycle.
+/// One system's lock cycle, as each of a child's tasks runs it on a key of its own.
+trait Cycle: Clone + Send + 'static {
+    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send;
+}
+
+impl Cycle for Floor {
+    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
+        Floor::cycle(self, key)
+    }
+}
+
+impl Cycle for ClusterFloor {
+    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
+        ClusterFloor::cycle(self, key)
+    }
+}
+
+/// lockmacro's `run_locked` with an empty body.
+#[derive(Clone)]
+struct RunLocked(LockClient);
+
+impl Cycle for RunLocked {
+    async fn cycle(&mut self, key: &str) {
+        self.0
+            .run_locked(key, OPTIONS, async {})
+            .await
+            .expect("run_locked");
+    }
+}
+
+/// Runs `system` (`redis-rs` or `lockmacro`) on one Redis: see [`drive`].
 async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
     let client = redis::Client::open(url).expect("url");
     let connection = client
@@ -141,26 +208,56 @@ async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
         .expect("connection");
     let floor = Floor::new(connection).await;
     let locks = LockClient::connect(url).await.expect("LockClient");
-    let lockmacro = system == "lockmacro";
+    match system {
+        "lockmacro" => drive(RunLocked(locks), tasks).await,
+        _ => drive(floor, tasks).await,
+    }
+}
+
+/// Runs `system` (`redis-rs-cluster` or `lockmacro-cluster`) on the cluster seeded by `urls`
+/// (joined by commas): see [`drive`]. Each process opens both systems' connections, as [`child`]
+/// does, so that the two differ only in the cycle.
+async fn cluster_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
+    let urls: Vec<&str> = urls.split(',').collect();
+    let mut floor = redis::cluster::ClusterClient::builder(urls.clone());
+    if std::env::var_os(FLOOR_TIMEOUT).is_some() {
+        floor = floor.response_timeout(RESPONSE_TIMEOUT);
+    }
+    let connection = floor
+        .build()
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection");
+    let floor = ClusterFloor::new(connection).await;
+    let locks = LockClient::cluster_builder(urls)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .build()
+        .await
+        .expect("cluster LockClient");
+    match system {
+        "lockmacro-cluster" => drive(RunLocked(locks), tasks).await,
+        _ => drive(floor, tasks).await,
+    }
+}
+
+/// Runs `system` with `tasks` tasks for a warm-up, then [`RUN`]: cycles/s and CPU µs per cycle.
+/// With [`COUNT`], a fixed number of cycles per task and no warm-up, and no figures.
+async fn drive(system: impl Cycle, tasks: usize) -> (f64, f64) {
     let run = |duration: Duration, count: Option<u64>| {
-        let (floor, locks) = (floor.clone(), locks.clone());
+        let system = system.clone();
         async move {
             let deadline = Instant::now() + duration;
             let mut handles = Vec::new();
             for task in 0..tasks {
-                let (mut floor, locks) = (floor.clone(), locks.clone());
+                let mut system = system.clone();
                 handles.push(tokio::spawn(async move {
-                    let key = format!("cycle:{}:{task}", std::process::id());
+                    // The same keys in every child (each releases its own before it exits), so
+                    // that on a cluster they fall on the same masters in every run.
+                    let key = format!("cycle:{task}");
                     let mut cycles = 0u64;
                     while count.map_or(Instant::now() < deadline, |count| cycles < count) {
-                        if lockmacro {
-                            locks
-                                .run_locked(key.as_str(), OPTIONS, async {})
-                                .await
-                                .expect("run_locked");
-                        } else {
-                            floor.cycle(&key).await;
-                        }
+                        system.cycle(&key).await;
                         cycles += 1;
                     }
                     cycles

@@ -1,7 +1,7 @@
 //! The workloads on other deployments, each against its own client floor:
 //! - W1 and W2 on a Redis Cluster (3 masters on loopback), against redis-rs's own cluster
-//!   connection sending `SET NX PX` + the compare-and-delete `EVALSHA`, routed by key, with
-//!   nothing around it (4 Redis commands per cycle);
+//!   connection sending `SET NX PX GET` (as the lock does there) + the compare-and-delete
+//!   `EVALSHA`, routed by key, with nothing around it (4 Redis commands per cycle);
 //! - W1 and W2 on a 3-master Redlock, against the same two commands sent to the three masters at
 //!   once through redis-rs alone (one multiplexed connection each), a majority of replies
 //!   required at each step (12 Redis commands per cycle);
@@ -15,11 +15,10 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use lockmacro_runtime::{LockClient, LockContext, LockOptions};
 use redis::aio::MultiplexedConnection;
-use redis::cluster_async::ClusterConnection;
 use testkit::{RedisCluster, RedisServer};
 use tokio::task::JoinSet;
 
-use crate::floor::{COMPARE_AND_DELETE, fresh_token};
+use crate::floor::{COMPARE_AND_DELETE, ClusterFloor, compare_and_delete, fresh_token, set_nx};
 use crate::measure::{REPS, micros, process_cpu};
 use crate::report::Report;
 
@@ -32,10 +31,7 @@ const OPTIONS: LockOptions = LockOptions::new()
 #[derive(Clone)]
 enum DeploymentFloor {
     /// redis-rs's cluster connection, routed by key.
-    Cluster {
-        connection: ClusterConnection,
-        release_sha: String,
-    },
+    Cluster(ClusterFloor),
     /// One multiplexed connection per master, each command sent to all of them at once.
     Redlock {
         masters: Vec<MultiplexedConnection>,
@@ -46,28 +42,14 @@ enum DeploymentFloor {
 impl DeploymentFloor {
     /// One lock cycle on `key`: `SET NX PX`, then the compare-and-delete `EVALSHA`.
     async fn cycle(&mut self, key: &str) {
-        let token = fresh_token();
         match self {
-            Self::Cluster {
-                connection,
-                release_sha,
-            } => {
-                let taken: Option<String> = set_nx(&token, key)
-                    .query_async(connection)
-                    .await
-                    .expect("SET NX PX");
-                assert!(taken.is_some(), "cluster floor key {key} was busy");
-                let deleted: i64 = release(release_sha, &token, key)
-                    .query_async(connection)
-                    .await
-                    .expect("EVALSHA compare-and-delete");
-                assert_eq!(deleted, 1, "cluster floor key {key} was not ours");
-            }
+            Self::Cluster(floor) => floor.cycle(key).await,
             Self::Redlock {
                 masters,
                 release_sha,
             } => {
-                let set = set_nx(&token, key);
+                let token = fresh_token();
+                let set = set_nx(key, &token);
                 let taken = join_all(masters.iter_mut().map(|master| {
                     let set = &set;
                     async move { set.query_async::<Option<String>>(master).await }
@@ -76,7 +58,7 @@ impl DeploymentFloor {
                 let quorum = masters.len() / 2 + 1;
                 let taken = taken.iter().filter(|t| matches!(t, Ok(Some(_)))).count();
                 assert!(taken >= quorum, "Redlock floor key {key} was busy");
-                let del = release(release_sha, &token, key);
+                let del = compare_and_delete(release_sha, key, &token);
                 let deleted = join_all(masters.iter_mut().map(|master| {
                     let del = &del;
                     async move { del.query_async::<i64>(master).await }
@@ -87,18 +69,6 @@ impl DeploymentFloor {
             }
         }
     }
-}
-
-fn set_nx(token: &str, key: &str) -> redis::Cmd {
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(3000);
-    cmd
-}
-
-fn release(sha: &str, token: &str, key: &str) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha).arg(1).arg(key).arg(token);
-    cmd
 }
 
 /// Loads the compare-and-delete script on `nodes`; returns its hash.
@@ -240,16 +210,12 @@ async fn against_floor(
 /// W1 and W2 on a 3-master cluster against redis-rs's cluster connection alone.
 pub async fn uncontended(report: &mut Report) {
     let cluster = RedisCluster::start(3, 0);
-    let release_sha = load_release_script(cluster.masters());
     let connection = redis::cluster::ClusterClient::new(cluster.seed_urls())
         .expect("cluster client")
         .get_async_connection()
         .await
         .expect("cluster connection");
-    let floor = DeploymentFloor::Cluster {
-        connection,
-        release_sha,
-    };
+    let floor = DeploymentFloor::Cluster(ClusterFloor::new(connection).await);
     let locks = LockClient::cluster_builder(cluster.seed_urls())
         .build()
         .await

@@ -3,13 +3,15 @@
 //! two round trips no Redis lock can do without. Two floors: [`RawConnection`] speaks RESP on a
 //! connection of its own (the limit any client approaches), and [`Floor`] sends the same two
 //! commands through one shared redis-rs multiplexed connection ("redis-rs alone", the client
-//! every library here sits on).
+//! every library here sits on). [`ClusterFloor`] is the floor of a Redis Cluster: the same two
+//! commands through redis-rs's own cluster connection, routed by key.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -33,12 +35,7 @@ pub struct Floor {
 
 impl Floor {
     pub async fn new(mut connection: MultiplexedConnection) -> Self {
-        let release_sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(COMPARE_AND_DELETE)
-            .query_async(&mut connection)
-            .await
-            .expect("SCRIPT LOAD");
+        let release_sha = load_compare_and_delete(&mut connection).await;
         Self {
             connection,
             release_sha,
@@ -48,21 +45,12 @@ impl Floor {
     /// One lock cycle on `key`: take it, release it. Two round trips.
     pub async fn cycle(&mut self, key: &str) {
         let token = fresh_token();
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(3000)
+        let taken: Option<String> = set_nx(key, &token)
             .query_async(&mut self.connection)
             .await
             .expect("SET NX PX");
         assert!(taken.is_some(), "floor key {key} was busy");
-        let deleted: i64 = redis::cmd("EVALSHA")
-            .arg(&self.release_sha)
-            .arg(1)
-            .arg(key)
-            .arg(&token)
+        let deleted: i64 = compare_and_delete(&self.release_sha, key, &token)
             .query_async(&mut self.connection)
             .await
             .expect("EVALSHA compare-and-delete");
@@ -93,6 +81,67 @@ impl Floor {
             .query_async(&mut self.connection)
             .await
             .expect("pipelined cycles");
+    }
+}
+
+/// `SET key token NX PX 3000`: the floor's acquire.
+pub fn set_nx(key: &str, token: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(3000);
+    cmd
+}
+
+/// The floor's release: [`COMPARE_AND_DELETE`] by its hash.
+pub fn compare_and_delete(release_sha: &str, key: &str, token: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(release_sha).arg(1).arg(key).arg(token);
+    cmd
+}
+
+/// Loads [`COMPARE_AND_DELETE`] through `connection` (on a cluster, on every node); its hash.
+async fn load_compare_and_delete(connection: &mut impl ConnectionLike) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(COMPARE_AND_DELETE)
+        .query_async(connection)
+        .await
+        .expect("SCRIPT LOAD")
+}
+
+/// The floor of a Redis Cluster: the lock's two commands through redis-rs's own cluster
+/// connection, routed by key. Its `SET` asks for the value it replaces (`GET`), as the lock's
+/// does on a cluster, where a `SET` may be sent again after it landed.
+#[derive(Clone)]
+pub struct ClusterFloor {
+    connection: ClusterConnection,
+    release_sha: String,
+}
+
+impl ClusterFloor {
+    /// The floor over `connection`, with the compare-and-delete script loaded on every node.
+    pub async fn new(mut connection: ClusterConnection) -> Self {
+        let release_sha = load_compare_and_delete(&mut connection).await;
+        Self {
+            connection,
+            release_sha,
+        }
+    }
+
+    /// One lock cycle on `key`: take it, release it. Two round trips, to the key's master.
+    pub async fn cycle(&mut self, key: &str) {
+        let token = fresh_token();
+        let mut set = set_nx(key, &token);
+        set.arg("GET");
+        let replaced: Option<String> = set
+            .query_async(&mut self.connection)
+            .await
+            .expect("SET NX PX GET");
+        assert!(replaced.is_none(), "cluster floor key {key} was busy");
+        let deleted: i64 = compare_and_delete(&self.release_sha, key, &token)
+            .query_async(&mut self.connection)
+            .await
+            .expect("EVALSHA compare-and-delete");
+        assert_eq!(deleted, 1, "cluster floor key {key} was not ours");
     }
 }
 

@@ -28,8 +28,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::cluster_routing::Slot;
-
 use crate::error::LockError;
 use crate::options::LockKind;
 
@@ -158,29 +156,39 @@ pub fn remaining(pttl_ms: i64) -> Option<Duration> {
 /// The cluster slot of `key` (CRC16/XMODEM of its hash tag, or of the whole key, modulo 16384),
 /// as a number: a lock over keys in several slots takes them slot by slot in this order.
 pub fn slot_number(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let hashed = bytes
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let tag = &bytes[open + 1..];
-            let close = tag.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &tag[..close])
-        })
-        .unwrap_or(bytes);
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
+    crc16(0, hash_tag(key).unwrap_or(key).as_bytes()) % SLOTS
+}
+
+/// Slots in a Redis Cluster.
+const SLOTS: u16 = 16_384;
+
+/// CRC16/XMODEM of `bytes`, continued from `crc` (the CRC of the bytes before them, 0 for none).
+fn crc16(crc: u16, bytes: &[u8]) -> u16 {
+    bytes.iter().fold(crc, |crc, &byte| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ byte)]
+    })
+}
+
+/// [`crc16`] of each byte alone: one lookup a byte instead of eight shifts.
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut crc = (byte as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[byte] = crc;
+        byte += 1;
     }
-    crc % 16384
-}
+    table
+};
 
 /// The names a deployment keeps beside a lock key, under its namespace.
 #[derive(Debug, Clone)]
@@ -188,6 +196,9 @@ pub struct Names {
     namespace: Arc<str>,
     /// `{namespace}:released:`, built once: every release names its channel.
     released: Arc<str>,
+    /// [`prefix_hash`] of `released`: on a cluster, every release places its channel in its
+    /// key's slot.
+    released_hash: Option<u16>,
 }
 
 impl Default for Names {
@@ -199,9 +210,11 @@ impl Default for Names {
 impl Names {
     /// The names under `namespace` (`LockClientBuilder::namespace`).
     pub fn new(namespace: &str) -> Self {
+        let released = format!("{namespace}:released:");
         Self {
             namespace: namespace.into(),
-            released: format!("{namespace}:released:").into(),
+            released_hash: prefix_hash(&released),
+            released: released.into(),
         }
     }
 
@@ -280,21 +293,72 @@ impl Names {
     /// `key`'s cluster slot: as it is when its hash tag keeps the slot, else with `key` in
     /// braces. A key whose braces make both impossible is `InvalidKey`.
     pub fn in_slot(key: &str, prefix: String) -> Result<String, LockError> {
-        let slot = Slot::for_key(key);
-        let plain = prefix.clone() + key;
-        if Slot::for_key(&plain) == slot {
-            return Ok(plain);
-        }
-        let braced = format!("{prefix}{{{key}}}");
-        if Slot::for_key(&braced) == slot {
-            return Ok(braced);
-        }
-        Err(LockError::InvalidKey {
-            key: key.to_owned(),
-            reason: "in a cluster its fencing counter and release channel must share its slot, \
-                     and its braces make that impossible; use one `{tag}` or none",
-        })
+        place_in_slot(key, &prefix, prefix_hash(&prefix))
     }
+
+    /// The channel that announces releases of `key` on a cluster, in `key`'s slot
+    /// ([`in_slot`](Self::in_slot)).
+    pub(crate) fn release_channel_in_slot(&self, key: &str) -> Result<String, LockError> {
+        place_in_slot(key, &self.released, self.released_hash)
+    }
+
+    /// Refuses, as `InvalidKey`, a key whose release channel cannot be placed in its slot.
+    pub(crate) fn check_in_slot(&self, key: &str) -> Result<(), LockError> {
+        match braces_keep_slot(key, self.released_hash) {
+            true => Ok(()),
+            false => self.release_channel_in_slot(key).map(drop),
+        }
+    }
+}
+
+/// The hash a name starting with `prefix` continues from, when its hash tag (if any) cannot start
+/// in `prefix`: [`crc16`] of `prefix`, or `None` when it holds a `{`.
+fn prefix_hash(prefix: &str) -> Option<u16> {
+    (!prefix.contains('{')).then(|| crc16(0, prefix.as_bytes()))
+}
+
+/// [`Names::in_slot`], with `prefix`'s [`prefix_hash`]: one allocation, and no hashing of what
+/// is known without it (on a cluster, every release names its channel).
+fn place_in_slot(key: &str, prefix: &str, prefix_hash: Option<u16>) -> Result<String, LockError> {
+    let tag = hash_tag(key);
+    let key_slot = || crc16(0, tag.unwrap_or(key).as_bytes()) % SLOTS;
+    let mut name = String::with_capacity(prefix.len() + key.len() + 2);
+    name.push_str(prefix);
+    name.push_str(key);
+    let plain_keeps_slot = match (prefix_hash, tag) {
+        // The name's hash tag is the key's own.
+        (Some(_), Some(_)) => true,
+        // Neither has a tag: the name hashes whole, the prefix's part hashed already.
+        (Some(hash), None) => crc16(hash, key.as_bytes()) % SLOTS == key_slot(),
+        (None, _) => slot_number(&name) == key_slot(),
+    };
+    if plain_keeps_slot {
+        return Ok(name);
+    }
+    name.insert(prefix.len(), '{');
+    name.push('}');
+    if braces_keep_slot(key, prefix_hash) || slot_number(&name) == key_slot() {
+        return Ok(name);
+    }
+    Err(LockError::InvalidKey {
+        key: key.to_owned(),
+        reason: "in a cluster its fencing counter and release channel must share its slot, \
+                 and its braces make that impossible; use one `{tag}` or none",
+    })
+}
+
+/// Whether `{prefix}{{key}}` surely hashes as `key` does: its tag is then the whole key, which
+/// has no tag of its own (a non-empty key without `}`, under a prefix without `{`).
+fn braces_keep_slot(key: &str, prefix_hash: Option<u16>) -> bool {
+    prefix_hash.is_some() && !key.is_empty() && !key.contains('}')
+}
+
+/// The part of `key` a cluster hashes when it is not the whole key: between its first `{` and
+/// the first `}` after it, if not empty.
+fn hash_tag(key: &str) -> Option<&str> {
+    let (_, after) = key.split_once('{')?;
+    let (tag, _) = after.split_once('}')?;
+    (!tag.is_empty()).then_some(tag)
 }
 
 /// What the acquire script keeps beside a lock key.
@@ -308,6 +372,8 @@ pub(crate) struct AcquireNames {
 
 #[cfg(test)]
 mod tests {
+    use redis::cluster_routing::Slot;
+
     use super::*;
 
     #[test]
@@ -387,6 +453,55 @@ mod tests {
         for key in ["orders:42", "{user1}:orders", "a", "x{y}z", "ünïcode:☃"] {
             let name = Names::in_slot(key, Names::default().fencing_counter("")).unwrap();
             assert_eq!(Slot::for_key(&name), Slot::for_key(key), "{key} -> {name}");
+        }
+    }
+
+    /// `in_slot` as it was before it skipped hashing: both forms hashed, the plain one first.
+    fn in_slot_by_hashing(key: &str, prefix: &str) -> Option<String> {
+        let slot = Slot::for_key(key);
+        let plain = format!("{prefix}{key}");
+        let braced = format!("{prefix}{{{key}}}");
+        [plain, braced]
+            .into_iter()
+            .find(|name| Slot::for_key(name) == slot)
+    }
+
+    #[test]
+    fn names_in_slot_are_those_hashing_both_forms_finds() {
+        let alphabet = ["a", "b", "{", "}", ":", "ü"];
+        // Every key of up to five of these characters.
+        let (mut keys, mut longest) = (vec![String::new()], vec![String::new()]);
+        for _ in 0..5 {
+            longest = longest
+                .iter()
+                .flat_map(|key| alphabet.map(|c| format!("{key}{c}")))
+                .collect();
+            keys.extend(longest.iter().cloned());
+        }
+        keys.extend(["orders:42", "{user1}:orders", "x{y}z", "a{}b{c}", "a}b"].map(String::from));
+        // A key without a tag whose plain channel falls in its slot all the same: the hash is
+        // linear, so under `lockmacro:released:` that is every such key of 12 086 bytes.
+        let by_chance = "a".repeat(12_086);
+        let plain = Names::default().release_channel(&by_chance);
+        assert_eq!(Slot::for_key(&plain), Slot::for_key(&by_chance));
+        assert_eq!(
+            Names::default().release_channel_in_slot(&by_chance).ok(),
+            Some(plain)
+        );
+        keys.push(by_chance);
+        for namespace in ["lockmacro", "", "n{s", "n}s", "{n}", "n{"] {
+            let names = Names::new(namespace);
+            let prefix = names.release_channel("");
+            for key in &keys {
+                let placed = names.release_channel_in_slot(key).ok();
+                assert_eq!(placed, in_slot_by_hashing(key, &prefix), "{prefix} {key}");
+                assert_eq!(Names::in_slot(key, prefix.clone()).ok(), placed);
+                assert_eq!(
+                    names.check_in_slot(key).is_ok(),
+                    placed.is_some(),
+                    "{prefix} {key}"
+                );
+            }
         }
     }
 

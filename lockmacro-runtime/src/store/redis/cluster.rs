@@ -16,9 +16,11 @@
 //!   alone, then the call is sent again.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use futures_util::future::try_join_all;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
@@ -56,9 +58,14 @@ impl RedisStore<Cluster> {
         configure: Configure,
         settings: Settings,
     ) -> Result<Self, RedisError> {
+        // redis-rs times each node's replies out (`response_timeout`). A request's whole time,
+        // its redirections and retries included, is bounded by the caller's budget with a timer
+        // of ours (`within`), so redis-rs's timer over the whole request, a second one per
+        // request, is off.
         let client = configure()
             .connection_timeout(settings.connect_timeout)
             .response_timeout(settings.response_timeout)
+            .overall_response_timeout(None)
             .build()?;
         Ok(Self::new(Arc::new(Cluster {
             client,
@@ -126,8 +133,8 @@ impl Transport for Cluster {
         request: Request<'_>,
         budget: Duration,
     ) -> Result<R, SendError> {
-        let reply = match request {
-            Request::Cmd(cmd) => tokio::time::timeout(budget, cmd.query_async(connection)).await,
+        match request {
+            Request::Cmd(cmd) => within(budget, cmd.query_async(connection)).await,
             Request::Pipeline(pipe) => {
                 let replies = pipe.cmd_iter().map(|cmd| {
                     let mut connection = connection.clone();
@@ -137,14 +144,8 @@ impl Transport for Cluster {
                     let replies = try_join_all(replies).await?;
                     Ok(R::from_redis_value(Value::Array(replies))?)
                 };
-                tokio::time::timeout(budget, replies).await
+                within(budget, replies).await
             }
-        };
-        match reply {
-            Ok(reply) => reply.map_err(classify),
-            Err(_) => Err(SendError::Unknown(StoreError::unavailable(TimedOut(
-                budget,
-            )))),
         }
     }
 
@@ -153,17 +154,19 @@ impl Transport for Cluster {
         &self,
         connection: &mut ClusterConnection,
         key: &str,
-        _budget: Duration,
+        budget: Duration,
     ) -> Result<(), SendError> {
         let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
             key,
             SlotAddr::Master,
         )));
-        for load in scripts::load_all().cmd_iter() {
-            let loaded = connection.route_command(load.clone(), node.clone()).await;
-            loaded.map_err(classify)?;
-        }
-        Ok(())
+        let load = async {
+            for load in scripts::load_all().cmd_iter() {
+                connection.route_command(load.clone(), node.clone()).await?;
+            }
+            Ok(())
+        };
+        within(budget, load).await
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
@@ -181,7 +184,7 @@ impl Transport for Cluster {
             Ok(Box::new(ShardedFeed {
                 connection,
                 pushes: received,
-                channel_prefix: self.settings.names.release_channel(""),
+                names: self.settings.names.clone(),
                 watched: HashMap::new(),
                 response_timeout: self.settings.response_timeout,
             }) as Box<dyn ReleaseFeed>)
@@ -218,6 +221,22 @@ impl Transport for Cluster {
     }
 }
 
+/// `request`'s reply within `budget`: the one timer over a whole request, its redirections and
+/// retries included (redis-rs's overall timer is off, see [`RedisStore::cluster`]). A mapped
+/// future rather than an `async fn`: as one, it made every request's future larger, and more to
+/// copy into the store's boxes.
+fn within<T>(
+    budget: Duration,
+    request: impl Future<Output = redis::RedisResult<T>>,
+) -> impl Future<Output = Result<T, SendError>> {
+    tokio::time::timeout(budget, request).map(move |reply| match reply {
+        Ok(reply) => reply.map_err(classify),
+        Err(_) => Err(SendError::Unknown(StoreError::unavailable(TimedOut(
+            budget,
+        )))),
+    })
+}
+
 /// Whether a failed request may have run; a cluster's own errors (`MOVED`, `TRYAGAIN`, ...) came
 /// after redis-rs's retries, so the request's outcome is unknown.
 fn classify(err: RedisError) -> SendError {
@@ -229,7 +248,7 @@ fn classify(err: RedisError) -> SendError {
 struct ShardedFeed {
     connection: ClusterConnection,
     pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
-    channel_prefix: String,
+    names: Names,
     /// Channel → key, for the keys watched: a channel name alone cannot always tell its key
     /// (`a` and `{a}` share one).
     watched: HashMap<String, String>,
@@ -239,7 +258,7 @@ struct ShardedFeed {
 impl ReleaseFeed for ShardedFeed {
     fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
+            let channel = self.names.release_channel_in_slot(key)?;
             bounded(self.response_timeout, self.connection.ssubscribe(&channel)).await?;
             self.watched.insert(channel, key.to_owned());
             Ok(())
@@ -248,7 +267,7 @@ impl ReleaseFeed for ShardedFeed {
 
     fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let channel = Names::in_slot(key, self.channel_prefix.clone())?;
+            let channel = self.names.release_channel_in_slot(key)?;
             self.watched.remove(&channel);
             bounded(
                 self.response_timeout,

@@ -110,7 +110,7 @@ impl Layout {
     fn release_channel(self, names: &Names, key: &str) -> Result<String, LockError> {
         match self {
             Self::Server => Ok(names.release_channel(key)),
-            Self::Cluster => Names::in_slot(key, names.release_channel("")),
+            Self::Cluster => names.release_channel_in_slot(key),
         }
     }
 
@@ -119,7 +119,7 @@ impl Layout {
     fn check(self, names: &Names, key: &str) -> Result<(), LockError> {
         match self {
             Self::Server => Ok(()),
-            Self::Cluster => self.release_channel(names, key).map(drop),
+            Self::Cluster => names.check_in_slot(key),
         }
     }
 
