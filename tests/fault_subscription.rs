@@ -66,7 +66,79 @@ async fn a_waiter_that_cannot_subscribe_goes_by_the_holders_remaining_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_unheard_while_the_subscription_was_down_is_looked_for_once_it_is_back() {
     let server = RedisServer::start();
-    // The waiter's user may not subscribe until the test allows it.
+    let (waiting, holding) = a_deaf_waiter_and_a_holder(&server).await;
+    let held = holding.acquire("gap:1", opts(30_000)).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        waiting
+            .run_locked("gap:1", opts(5_000).wait(Duration::from_secs(20)), async {
+                Instant::now()
+            })
+            .await
+    });
+    // The next try comes well after the release below.
+    tries_at_their_longest(&server, "gap:1").await;
+    // Announced while nobody can hear it; then subscribing is allowed again.
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    server.command(&["ACL", "SETUSER", "waiter", "allchannels"]);
+    // Without looking again it would sleep until its wait runs out, about 15 s from here.
+    let ran_at = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter looks again once it is subscribed")
+        .unwrap()
+        .unwrap();
+    let took = ran_at - released_at;
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter took the lock {took:?} after the release"
+    );
+}
+
+/// A key newly waited for while the subscription is down opens it at once, not at the backoff's
+/// next try (up to a second away): Redis just answered its waiter's look, and unsubscribed the
+/// waiter would sleep out the holder's whole lease after a release it cannot hear. (Seen in the
+/// safety campaign: after a Sentinel failover a new waiter slept through a release.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_newly_waited_for_reopens_a_lost_subscription_at_once() {
+    let server = RedisServer::start();
+    let (waiting, holding) = a_deaf_waiter_and_a_holder(&server).await;
+    let first = holding.acquire("reopen:1", opts(30_000)).await.unwrap();
+    let second = holding.acquire("reopen:2", opts(30_000)).await.unwrap();
+    let wait = || opts(5_000).wait(Duration::from_secs(20));
+    let first_waiter = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.run_locked("reopen:1", wait(), async {}).await }
+    });
+    let tried = tries_at_their_longest(&server, "reopen:1").await;
+    // Redis would let it subscribe now, but its next try is at least 750 ms away. A new key
+    // reopens the subscription unless it was tried a moment (100 ms) ago: wait that out.
+    server.command(&["ACL", "SETUSER", "waiter", "allchannels"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second_waiter = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.run_locked("reopen:2", wait(), async {}).await }
+    });
+    waiter_subscribed(&server, "reopen:2").await;
+    let subscribed_after = tried.elapsed();
+    assert!(
+        subscribed_after < Duration::from_millis(600),
+        "subscribed {subscribed_after:?} after the last failed try: at the backoff's next try, not at once"
+    );
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    for waiter in [first_waiter, second_waiter] {
+        let outcome = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("each waiter hears its release")
+            .unwrap();
+        assert!(outcome.is_ok(), "{outcome:?}");
+    }
+}
+
+/// A client whose user may not subscribe until the test allows it (`ACL SETUSER waiter
+/// allchannels`), and a client of another user that holds keys: its releases are announced,
+/// never handed over.
+async fn a_deaf_waiter_and_a_holder(server: &RedisServer) -> (LockClient, LockClient) {
     server.command(&[
         "ACL",
         "SETUSER",
@@ -89,42 +161,22 @@ async fn a_release_unheard_while_the_subscription_was_down_is_looked_for_once_it
         server.port()
     ))
     .await;
-    // Another client holds the key: its release is announced, never handed over.
-    let holding = client(server.url()).await;
-    let held = holding.acquire("gap:1", opts(30_000)).await.unwrap();
-    let waiter = tokio::spawn(async move {
-        waiting
-            .run_locked("gap:1", opts(5_000).wait(Duration::from_secs(20)), async {
-                Instant::now()
-            })
-            .await
-    });
-    // Unsubscribed, the waiter looks at the key after each failed try to subscribe, and those
-    // tries come ever less often (backoff to 2 s). Two looks far enough apart mean the next try
-    // comes well after the release below.
-    let mut last = next_look(&server, "gap:1").await;
+    (waiting, client(server.url()).await)
+}
+
+/// Returns once the deaf waiter of `key` has just looked after a failed try to subscribe, with
+/// its tries at their longest apart (the backoff's cap, 1 s less a quarter of jitter): its next
+/// try is at least 750 ms away. Unsubscribed, a waiter looks at the key after each failed try,
+/// and the tries come ever less often.
+async fn tries_at_their_longest(server: &RedisServer, key: &str) -> Instant {
+    let mut last = next_look(server, key).await;
     loop {
-        let look = next_look(&server, "gap:1").await;
-        if look - last >= Duration::from_millis(1_200) {
-            break;
+        let look = next_look(server, key).await;
+        if look - last >= Duration::from_millis(700) {
+            return look;
         }
         last = look;
     }
-    // Announced while nobody can hear it; then subscribing is allowed again.
-    let released_at = Instant::now();
-    held.release().await.unwrap();
-    server.command(&["ACL", "SETUSER", "waiter", "allchannels"]);
-    // Without looking again it would sleep until its wait runs out, about 15 s from here.
-    let ran_at = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter looks again once it is subscribed")
-        .unwrap()
-        .unwrap();
-    let took = ran_at - released_at;
-    assert!(
-        took < Duration::from_secs(5),
-        "the waiter took the lock {took:?} after the release"
-    );
 }
 
 /// When the waiter next looks at `key`: a look of a waiter marks the holder's value (a trailing

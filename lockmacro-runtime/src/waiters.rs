@@ -5,9 +5,12 @@
 //! them, so a thousand waiters on one key do not stampede Redis. A waiter also sleeps no longer
 //! than the holder's remaining lease (jittered): that covers a holder that died without
 //! announcing anything, and any time the subscription is down. When subscribing fails the
-//! waiters are told at once (they fall back to that timing), and the subscription is reopened
-//! with backoff and every waited-for key subscribed again; their waiters then look again, since
-//! a release may have gone by unheard meanwhile.
+//! waiters are told at once (they fall back to that timing, and look again at each failed try),
+//! and the subscription is reopened with backoff (at most [`REOPEN_CAP`] apart) and every
+//! waited-for key subscribed again; their waiters then look again, since a release may have gone
+//! by unheard meanwhile. A key newly waited for while the subscription is down opens it at once
+//! rather than at the backoff's next try: its waiter's look was just answered, so Redis is most
+//! likely back, and without a subscription it would sleep out the holder's whole lease.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -24,6 +27,13 @@ use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
 use crate::right::ReleaseRight;
 use crate::store::{ReleaseFeed, Store, StoreError};
+
+/// The longest pause between two tries to reopen a lost subscription: once Redis is back, its
+/// waiters hear releases again within this (they look at each failed try meanwhile).
+const REOPEN_CAP: Duration = Duration::from_secs(1);
+
+/// The shortest pause between two tries to open the subscription, however many keys ask.
+const REOPEN_BASE: Duration = Duration::from_millis(100);
 
 pub(crate) struct WaitQueue {
     keys: Arc<Keys>,
@@ -173,8 +183,9 @@ impl WaitQueue {
                 store: store.clone(),
                 keys: listening.clone(),
                 feed: None,
-                backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
+                backoff: Backoff::new(REOPEN_BASE, REOPEN_CAP),
                 reopen_at: None,
+                tried_at: None,
             };
             listener.run(received.clone(), stop)
         });
@@ -432,6 +443,8 @@ struct Listener {
     backoff: Backoff,
     /// When to try opening the subscription again after it failed.
     reopen_at: Option<Instant>,
+    /// When it was last tried.
+    tried_at: Option<Instant>,
 }
 
 impl Listener {
@@ -503,10 +516,13 @@ impl Listener {
                     return;
                 };
                 if self.feed.is_none() {
-                    // Opening subscribes every waited-for key, this one included.
-                    if self.reopen_at.is_some() {
+                    // Opening subscribes every waited-for key, this one included: now, unless
+                    // it was tried a moment ago (then the backoff's next try will).
+                    let tried_lately = self.tried_at.is_some_and(|at| at.elapsed() < REOPEN_BASE);
+                    if tried_lately {
                         waiters.hearing.send_replace(Hearing::Unheard);
                     } else {
+                        self.reopen_at = None;
                         let _ = self.open().await;
                     }
                     return;
@@ -540,6 +556,7 @@ impl Listener {
 
     /// Opens the subscription and subscribes every key that has waiters.
     async fn open(&mut self) -> Result<(), StoreError> {
+        self.tried_at = Some(Instant::now());
         let watched: Vec<(String, Arc<KeyWaiters>)> = lock(&self.keys)
             .iter()
             .map(|(key, waiters)| (key.clone(), waiters.clone()))
