@@ -21,6 +21,7 @@
 //!   quorum may miss the master that counted the last token.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
@@ -174,8 +175,10 @@ impl Store for RedlockStore {
                         .into(),
                 }));
             }
+            // One command for every master: they share the quorum's settings.
+            let cmd = &self.masters[0].acquire_cmd(&request)?;
             let on_master = |master: &'a RedisStore<Server>, per_master| async move {
-                let answer = master.acquire(request, per_master).await?;
+                let answer = master.acquire_with(request, cmd, per_master).await?;
                 Ok(match answer {
                     Acquired::Taken { .. } => AcquiredMany::Taken,
                     Acquired::Busy { remaining } => AcquiredMany::Busy { key: 0, remaining },
@@ -277,12 +280,14 @@ impl Store for RedlockStore {
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let quorum = self.quorum();
-            let owned = OwnedLease::of(lease);
+            // One command for every master (they share the quorum's settings), shared with a
+            // slow master's release that finishes in the background.
+            let call = Arc::new(self.masters[0].release_call(lease)?);
             let answers = self
                 .on_every_master(
                     |master| {
-                        let lease = owned.clone();
-                        async move { master.release(lease.as_ref()).await }
+                        let call = call.clone();
+                        async move { master.release_with(&call).await }
                     },
                     |answers| answers.iter().filter(|answer| answer.is_ok()).count() >= quorum,
                 )
@@ -409,7 +414,7 @@ impl RedlockStore {
         let mut pending: FuturesUnordered<_> = self
             .masters
             .iter()
-            .map(|master| Box::pin(call(master.clone())))
+            .map(|master| call(master.clone()))
             .collect();
         let mut answers = Vec::with_capacity(self.masters.len());
         while let Some(answer) = pending.next().await {

@@ -15,8 +15,9 @@ use super::connections::{Lent, PerRuntime};
 use super::sentinel::SentinelSource;
 use super::{RedisStore, Request, SendError, Transport, feed, unanswered};
 use crate::clock::Backoff;
+use crate::error::LockError;
 use crate::store::scripts;
-use crate::store::{BoxFuture, ReleaseFeed, Settings, StoreError, TimedOut, Unreachable};
+use crate::store::{BoxFuture, LeaseRef, ReleaseFeed, Settings, StoreError, TimedOut, Unreachable};
 
 /// Where the master is.
 #[allow(clippy::large_enum_variant)] // one per client
@@ -68,6 +69,39 @@ impl RedisStore<Server> {
             follow_switches(&server, sentinel.service().to_owned());
         }
         Self::new(server)
+    }
+}
+
+/// A lease's release as one script call on a server, every key of a multi-key lease in it: built
+/// once, then sent to each of a Redlock's masters.
+pub(crate) struct ReleaseCall {
+    key: String,
+    cmd: redis::Cmd,
+    /// How many keys the script deletes when the lease is still ours.
+    keys: usize,
+}
+
+impl RedisStore<Server> {
+    /// The release of `lease`, as [`Store::release`](crate::store::Store::release) sends it.
+    pub(crate) fn release_call(&self, lease: LeaseRef<'_>) -> Result<ReleaseCall, LockError> {
+        let (cmd, keys) = match lease.keys.len() {
+            0 => (self.release_cmd(lease)?, 1),
+            n => (
+                self.release_group_cmd(lease, &Self::key_groups(lease.keys)[0])?,
+                n,
+            ),
+        };
+        Ok(ReleaseCall {
+            key: lease.key.to_owned(),
+            cmd,
+            keys,
+        })
+    }
+
+    /// Sends `call`: whether the lease was still ours.
+    pub(crate) async fn release_with(&self, call: &ReleaseCall) -> Result<bool, StoreError> {
+        let deleted = self.run_script(&call.key, &call.cmd).await?;
+        Ok(usize::try_from(deleted).is_ok_and(|deleted| deleted == call.keys))
     }
 }
 
