@@ -112,20 +112,6 @@ impl Server {
         self.connections.invalidate_all();
     }
 
-    /// The reply, or `None` when `budget` ran out first. The connection itself bounds every
-    /// request by the response timeout, so a timer of our own is only armed for a shorter budget.
-    async fn within<T>(
-        &self,
-        budget: Duration,
-        reply: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Option<redis::RedisResult<T>> {
-        if budget < self.settings.response_timeout {
-            tokio::time::timeout(budget, reply).await.ok()
-        } else {
-            Some(reply.await)
-        }
-    }
-
     /// Whether a failed request may have run, dropping the connection when it proved broken.
     fn classify(&self, generation: u64, err: RedisError) -> SendError {
         let broken = unanswered(&err);
@@ -178,22 +164,28 @@ impl Transport for Server {
         request: Request<'_>,
         budget: Duration,
     ) -> Result<R, SendError> {
+        // The connection's own response timer, cut to `budget`, bounds the request: one timer
+        // a request, not a second one of ours around it.
+        let response_timeout = self.settings.response_timeout;
+        lent.connection
+            .set_response_timeout(budget.min(response_timeout));
         let connection = &mut lent.connection;
         let reply = match request {
-            Request::Cmd(cmd) => self.within(budget, cmd.query_async(connection)).await,
-            Request::Pipeline(pipe) => self.within(budget, pipe.query_async(connection)).await,
+            Request::Cmd(cmd) => cmd.query_async(connection).await,
+            Request::Pipeline(pipe) => pipe.query_async(connection).await,
         };
         match reply {
-            Some(Ok(value)) => Ok(value),
-            Some(Err(err)) => Err(self.classify(lent.generation, err)),
-            None => {
-                // The request keeps its place in the connection's reply queue: if its reply
-                // comes late, that place would take the next request's reply. Never lend it again.
+            Ok(value) => Ok(value),
+            Err(err) if err.is_timeout() && budget < response_timeout => {
+                // The budget ran out. The request keeps its place in the connection's reply
+                // queue: if its reply comes late, that place would take the next request's
+                // reply. Never lend it again.
                 self.connections.invalidate(lent.generation);
                 Err(SendError::Unknown(StoreError::unavailable(TimedOut(
                     budget,
                 ))))
             }
+            Err(err) => Err(self.classify(lent.generation, err)),
         }
     }
 
