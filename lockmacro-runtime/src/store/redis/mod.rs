@@ -245,8 +245,13 @@ impl<T: Transport> RedisStore<T> {
             Err(SendError::Answered(err))
                 if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
             {
-                transport.load_scripts(connection, key, budget).await?;
-                transport.send_once(connection, request, budget).await
+                // Boxed: rare, and inline it would make every request's future as large as a
+                // script load's (copied on each request, the script known or not).
+                Box::pin(async {
+                    transport.load_scripts(connection, key, budget).await?;
+                    transport.send_once(connection, request, budget).await
+                })
+                .await
             }
             other => other,
         }
