@@ -13,13 +13,17 @@
 //! redis-rs's cluster connection comes; `CYCLE_FLOOR_TIMEOUT=1` gives it the lock's response
 //! timeout, which redis-rs arms on each node's reply and on each request as a whole.
 //!
+//! `… --bench cycle -- W1r W2r` runs it on a 3-master Redlock: the two commands sent to the three
+//! masters at once through redis-rs alone, a majority required at each step (`RedlockFloor`),
+//! against `run_locked` on a `redlock_builder` client.
+//!
 //! `… --bench cycle -- W2` runs one workload; `CYCLE_REPS=n` sets the repetitions (5).
 //! `CYCLE_PERF=dir` records each child's first repetition with `perf record -g` into
 //! `dir/{system}-{tasks}.data`, for profiling the two side by side. `CYCLE_COUNT=n` makes a child
 //! run `n` cycles per task and stop, so that `valgrind --tool=callgrind` counts the instructions
 //! of a cycle: the difference between two counts over the difference of their cycles. A child is
 //! `--cycle-child <system> <url> <tasks>`; a cluster child's `<url>` is its seed nodes' URLs
-//! joined by commas.
+//! joined by commas, a Redlock child's its masters' URLs.
 
 #[allow(dead_code)]
 #[path = "../lock_bench/floor.rs"]
@@ -33,9 +37,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lockmacro_runtime::{LockClient, LockOptions};
+use redis::aio::MultiplexedConnection;
 use testkit::{RedisCluster, RedisServer};
 
-use floor::{ClusterFloor, Floor};
+use floor::{ClusterFloor, Floor, RedlockFloor};
 use measure::{median, micros, process_cpu};
 
 const CHILD: &str = "--cycle-child";
@@ -50,6 +55,8 @@ const SYSTEMS: [&str; 2] = ["redis-rs", "lockmacro"];
 /// The same on a Redis Cluster of [`MASTERS`], its floor first.
 const CLUSTER_SYSTEMS: [&str; 2] = ["redis-rs-cluster", "lockmacro-cluster"];
 const MASTERS: usize = 3;
+/// The same on a Redlock of [`MASTERS`] independent servers, its floor first.
+const REDLOCK_SYSTEMS: [&str; 2] = ["redis-rs-redlock", "lockmacro-redlock"];
 /// The lock's response timeout (`LockClientBuilder`'s default), and the cluster floor's with
 /// [`FLOOR_TIMEOUT`].
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -67,6 +74,9 @@ fn main() {
             .expect("tokio runtime");
         let (cps, cpu) = match system.as_str() {
             "redis-rs" | "lockmacro" => runtime.block_on(child(system, url, tasks)),
+            "redis-rs-redlock" | "lockmacro-redlock" => {
+                runtime.block_on(redlock_child(system, url, tasks))
+            }
             _ => runtime.block_on(cluster_child(system, url, tasks)),
         };
         println!("{RESULT}{cps} {cpu}");
@@ -74,37 +84,48 @@ fn main() {
     }
     let reps =
         std::env::var("CYCLE_REPS").map_or(REPS, |reps| reps.parse().expect("CYCLE_REPS: a count"));
-    // `cargo bench` passes `--bench`; the rest names workloads. The cluster ones only by name.
+    // `cargo bench` passes `--bench`; the rest names workloads. The cluster and Redlock ones
+    // only by name.
     let asked: Vec<&String> = args.iter().filter(|arg| !arg.starts_with("--")).collect();
-    let workloads: Vec<(&str, usize, bool)> = [
-        ("W1", 1usize, false),
-        ("W2", 64, false),
-        ("W1c", 1, true),
-        ("W2c", 64, true),
+    let workloads: Vec<(&str, usize, Deployment)> = [
+        ("W1", 1usize, Deployment::Server),
+        ("W2", 64, Deployment::Server),
+        ("W1c", 1, Deployment::Cluster),
+        ("W2c", 64, Deployment::Cluster),
+        ("W1r", 1, Deployment::Redlock),
+        ("W2r", 64, Deployment::Redlock),
     ]
     .into_iter()
-    .filter(|(name, _, cluster)| match asked.is_empty() {
-        true => !cluster,
+    .filter(|(name, _, deployment)| match asked.is_empty() {
+        true => *deployment == Deployment::Server,
         false => asked.iter().any(|arg| arg == name),
     })
     .collect();
+    let wanted = |wanted: Deployment| workloads.iter().any(|(_, _, on)| *on == wanted);
     let server = RedisServer::start();
-    let cluster = workloads
-        .iter()
-        .any(|(_, _, cluster)| *cluster)
-        .then(|| RedisCluster::start(MASTERS, 0));
+    let cluster = wanted(Deployment::Cluster).then(|| RedisCluster::start(MASTERS, 0));
     let seeds = cluster
         .as_ref()
         .map(|cluster| cluster.seed_urls().join(","))
         .unwrap_or_default();
+    let redlock: Vec<RedisServer> = match wanted(Deployment::Redlock) {
+        true => (0..MASTERS).map(|_| RedisServer::start()).collect(),
+        false => Vec::new(),
+    };
+    let masters = redlock
+        .iter()
+        .map(RedisServer::url)
+        .collect::<Vec<_>>()
+        .join(",");
     let perf = std::env::var("CYCLE_PERF").ok();
     println!(
         "| workload | system | cycles/s | client CPU per cycle | cycles/s ÷ its floor | CPU per cycle ÷ its floor |\n|---|---|---:|---:|---:|---:|"
     );
-    for (workload, tasks, cluster) in workloads {
-        let (systems, url) = match cluster {
-            true => (CLUSTER_SYSTEMS, seeds.clone()),
-            false => (SYSTEMS, server.url()),
+    for (workload, tasks, deployment) in workloads {
+        let (systems, url) = match deployment {
+            Deployment::Server => (SYSTEMS, server.url()),
+            Deployment::Cluster => (CLUSTER_SYSTEMS, seeds.clone()),
+            Deployment::Redlock => (REDLOCK_SYSTEMS, masters.clone()),
         };
         let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); systems.len()];
         for rep in 0..reps {
@@ -169,6 +190,14 @@ fn main() {
     );
 }
 
+/// What a workload runs on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Deployment {
+    Server,
+    Cluster,
+    Redlock,
+}
+
 /// One system's lock cycle, as each of a child's tasks runs it on a key of its own.
 trait Cycle: Clone + Send + 'static {
     fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send;
@@ -183,6 +212,12 @@ impl Cycle for Floor {
 impl Cycle for ClusterFloor {
     fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
         ClusterFloor::cycle(self, key)
+    }
+}
+
+impl Cycle for RedlockFloor {
+    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
+        RedlockFloor::cycle(self, key)
     }
 }
 
@@ -237,6 +272,28 @@ async fn cluster_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
         .expect("cluster LockClient");
     match system {
         "lockmacro-cluster" => drive(RunLocked(locks), tasks).await,
+        _ => drive(floor, tasks).await,
+    }
+}
+
+/// Runs `system` (`redis-rs-redlock` or `lockmacro-redlock`) on the Redlock of the masters at
+/// `urls` (joined by commas): see [`drive`]. Each process opens both systems' connections, as
+/// [`child`] does.
+async fn redlock_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
+    let urls: Vec<&str> = urls.split(',').collect();
+    let mut connections: Vec<MultiplexedConnection> = Vec::new();
+    for url in &urls {
+        let client = redis::Client::open(*url).expect("url");
+        let connection = client.get_multiplexed_async_connection().await;
+        connections.push(connection.expect("connection"));
+    }
+    let floor = RedlockFloor::new(connections).await;
+    let locks = LockClient::redlock_builder(&urls)
+        .build()
+        .await
+        .expect("Redlock LockClient");
+    match system {
+        "lockmacro-redlock" => drive(RunLocked(locks), tasks).await,
         _ => drive(floor, tasks).await,
     }
 }

@@ -12,13 +12,11 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
 use lockmacro_runtime::{LockClient, LockContext, LockOptions};
-use redis::aio::MultiplexedConnection;
 use testkit::{RedisCluster, RedisServer};
 use tokio::task::JoinSet;
 
-use crate::floor::{COMPARE_AND_DELETE, ClusterFloor, compare_and_delete, fresh_token, set_nx};
+use crate::floor::{ClusterFloor, RedlockFloor};
 use crate::measure::{REPS, micros, process_cpu};
 use crate::report::Report;
 
@@ -33,10 +31,7 @@ enum DeploymentFloor {
     /// redis-rs's cluster connection, routed by key.
     Cluster(ClusterFloor),
     /// One multiplexed connection per master, each command sent to all of them at once.
-    Redlock {
-        masters: Vec<MultiplexedConnection>,
-        release_sha: String,
-    },
+    Redlock(RedlockFloor),
 }
 
 impl DeploymentFloor {
@@ -44,41 +39,9 @@ impl DeploymentFloor {
     async fn cycle(&mut self, key: &str) {
         match self {
             Self::Cluster(floor) => floor.cycle(key).await,
-            Self::Redlock {
-                masters,
-                release_sha,
-            } => {
-                let token = fresh_token();
-                let set = set_nx(key, &token);
-                let taken = join_all(masters.iter_mut().map(|master| {
-                    let set = &set;
-                    async move { set.query_async::<Option<String>>(master).await }
-                }))
-                .await;
-                let quorum = masters.len() / 2 + 1;
-                let taken = taken.iter().filter(|t| matches!(t, Ok(Some(_)))).count();
-                assert!(taken >= quorum, "Redlock floor key {key} was busy");
-                let del = compare_and_delete(release_sha, key, &token);
-                let deleted = join_all(masters.iter_mut().map(|master| {
-                    let del = &del;
-                    async move { del.query_async::<i64>(master).await }
-                }))
-                .await;
-                let deleted = deleted.iter().filter(|d| matches!(d, Ok(1))).count();
-                assert!(deleted >= quorum, "Redlock floor key {key} was not ours");
-            }
+            Self::Redlock(floor) => floor.cycle(key).await,
         }
     }
-}
-
-/// Loads the compare-and-delete script on `nodes`; returns its hash.
-fn load_release_script<'a>(nodes: impl IntoIterator<Item = &'a RedisServer>) -> String {
-    let mut sha = String::new();
-    for node in nodes {
-        sha = redis::from_redis_value(node.command(&["SCRIPT", "LOAD", COMPARE_AND_DELETE]))
-            .expect("SCRIPT LOAD");
-    }
-    sha
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -315,15 +278,11 @@ pub async fn redlock(report: &mut Report) {
     let single = RedisServer::start();
     let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
-    let release_sha = load_release_script(&masters);
     let mut connections = Vec::new();
     for master in &masters {
         connections.push(master.connection().await);
     }
-    let floor = DeploymentFloor::Redlock {
-        masters: connections,
-        release_sha,
-    };
+    let floor = DeploymentFloor::Redlock(RedlockFloor::new(connections).await);
     let one = LockClient::connect(&single.url())
         .await
         .expect("LockClient");

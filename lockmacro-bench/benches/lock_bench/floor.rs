@@ -4,12 +4,14 @@
 //! connection of its own (the limit any client approaches), and [`Floor`] sends the same two
 //! commands through one shared redis-rs multiplexed connection ("redis-rs alone", the client
 //! every library here sits on). [`ClusterFloor`] is the floor of a Redis Cluster: the same two
-//! commands through redis-rs's own cluster connection, routed by key.
+//! commands through redis-rs's own cluster connection, routed by key; [`RedlockFloor`] that of a
+//! Redlock: each command sent to every master at once, a majority of replies required.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::future::join_all;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -142,6 +144,50 @@ impl ClusterFloor {
             .await
             .expect("EVALSHA compare-and-delete");
         assert_eq!(deleted, 1, "cluster floor key {key} was not ours");
+    }
+}
+
+/// The floor of a Redlock: one redis-rs multiplexed connection per master, each of the lock's
+/// two commands sent to every master at once and decided by a majority of replies.
+#[derive(Clone)]
+pub struct RedlockFloor {
+    masters: Vec<MultiplexedConnection>,
+    release_sha: String,
+}
+
+impl RedlockFloor {
+    /// The floor over `masters`, with the compare-and-delete script loaded on each.
+    pub async fn new(mut masters: Vec<MultiplexedConnection>) -> Self {
+        let mut release_sha = String::new();
+        for master in &mut masters {
+            release_sha = load_compare_and_delete(master).await;
+        }
+        Self {
+            masters,
+            release_sha,
+        }
+    }
+
+    /// One lock cycle on `key`: `SET NX PX` on every master, then the compare-and-delete.
+    pub async fn cycle(&mut self, key: &str) {
+        let token = fresh_token();
+        let quorum = self.masters.len() / 2 + 1;
+        let set = set_nx(key, &token);
+        let taken = join_all(self.masters.iter_mut().map(|master| {
+            let set = &set;
+            async move { set.query_async::<Option<String>>(master).await }
+        }))
+        .await;
+        let taken = taken.iter().filter(|t| matches!(t, Ok(Some(_)))).count();
+        assert!(taken >= quorum, "Redlock floor key {key} was busy");
+        let del = compare_and_delete(&self.release_sha, key, &token);
+        let deleted = join_all(self.masters.iter_mut().map(|master| {
+            let del = &del;
+            async move { del.query_async::<i64>(master).await }
+        }))
+        .await;
+        let deleted = deleted.iter().filter(|d| matches!(d, Ok(1))).count();
+        assert!(deleted >= quorum, "Redlock floor key {key} was not ours");
     }
 }
 

@@ -245,8 +245,13 @@ impl<T: Transport> RedisStore<T> {
             Err(SendError::Answered(err))
                 if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
             {
-                transport.load_scripts(connection, key, budget).await?;
-                transport.send_once(connection, request, budget).await
+                // Boxed: rare, and inline it would make every request's future as large as a
+                // script load's (copied on each request, the script known or not).
+                Box::pin(async {
+                    transport.load_scripts(connection, key, budget).await?;
+                    transport.send_once(connection, request, budget).await
+                })
+                .await
             }
             other => other,
         }
@@ -266,24 +271,40 @@ impl<T: Transport> RedisStore<T> {
         Ok(scripts::release(lease, &channel, T::LAYOUT.announce()))
     }
 
-    /// The plain acquire: one `SET NX PX` (`GET` too on a cluster, see [`Layout::Cluster`]).
+    /// What an acquire of `request` sends: the plain `SET NX PX` (`GET` too on a cluster, see
+    /// [`Layout::Cluster`]) or the acquire script. A key whose release could not be announced is
+    /// refused here, before anything is sent. Built once for all of a Redlock's masters.
+    pub(crate) fn acquire_cmd(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> Result<redis::Cmd, StoreError> {
+        let names = &self.settings().names;
+        T::LAYOUT.check(names, request.key)?;
+        let (key, token, ttl) = (request.key, request.token, request.ttl);
+        Ok(match (request.is_plain(), T::LAYOUT) {
+            (true, Layout::Server) => scripts::set_nx(key, token, ttl),
+            (true, Layout::Cluster) => scripts::set_nx_get(key, token, ttl),
+            (false, _) => scripts::acquire(request, &T::LAYOUT.acquire_names(names, key)?),
+        })
+    }
+
+    /// The plain acquire's reply to `cmd`, [`acquire_cmd`](Self::acquire_cmd)'s `SET NX PX`.
     async fn set_nx(
         &self,
         connection: &mut T::Connection,
         request: &AcquireRequest<'_>,
+        cmd: &redis::Cmd,
         budget: Duration,
     ) -> Result<Acquired, SendError> {
-        let (key, token, ttl) = (request.key, request.token, request.ttl);
+        let (key, token) = (request.key, request.token);
         let taken = match T::LAYOUT {
             Layout::Server => {
-                let cmd = scripts::set_nx(key, token, ttl);
-                let reply = self.send(connection, key, Request::Cmd(&cmd), budget).await;
+                let reply = self.send(connection, key, Request::Cmd(cmd), budget).await;
                 reply.map(|SetNx(taken)| taken)
             }
             Layout::Cluster => {
-                let cmd = scripts::set_nx_get(key, token, ttl);
                 match self
-                    .send::<Option<String>>(connection, key, Request::Cmd(&cmd), budget)
+                    .send::<Option<String>>(connection, key, Request::Cmd(cmd), budget)
                     .await
                 {
                     // Nothing was there, or a `SET` resent after it landed: ours.
@@ -300,6 +321,59 @@ impl<T: Transport> RedisStore<T> {
             },
             false => Acquired::Busy { remaining: None },
         })
+    }
+
+    /// Acquires `request` by sending `cmd`, its [`acquire_cmd`](Self::acquire_cmd), waiting at
+    /// most `budget`. A `SET` whose outcome is unknown (this future dropped, the reply lost) is
+    /// undone on the connection that carried it.
+    pub(crate) async fn acquire_with(
+        &self,
+        request: AcquireRequest<'_>,
+        cmd: &redis::Cmd,
+        budget: Duration,
+    ) -> Result<Acquired, StoreError> {
+        let plain = request.is_plain();
+        let connection = self.transport.connection().await?;
+        // From here the SET may reach Redis: if this future is dropped, or the reply is
+        // lost, the guard undoes it on the same connection.
+        let mut undo = UndoGuard {
+            store: self,
+            connection,
+            armed: true,
+            abandoned: request.lease(),
+        };
+        let connection = &mut undo.connection;
+        let reply = match plain {
+            true => self.set_nx(connection, &request, cmd, budget).await,
+            false => self
+                .send(connection, request.key, Request::Cmd(cmd), budget)
+                .await
+                .map(|reply| scripts::acquired(&request, reply)),
+        };
+        match reply {
+            Ok(Acquired::Busy { remaining: None }) if plain => {
+                undo.disarm();
+                // A caller that fails fast learns when to come back, as from the script.
+                let pttl = scripts::remaining(request.key);
+                let connection = &mut undo.connection;
+                let remaining = self
+                    .send::<i64>(connection, request.key, Request::Cmd(&pttl), budget)
+                    .await;
+                Ok(Acquired::Busy {
+                    remaining: remaining.ok().and_then(protocol::remaining),
+                })
+            }
+            Ok(acquired) => {
+                undo.disarm();
+                Ok(acquired)
+            }
+            Err(SendError::Answered(err)) => {
+                // Redis answered with an error: the SET did not run.
+                undo.disarm();
+                Err(SendError::Answered(err).into_store_error())
+            }
+            Err(SendError::Unknown(error)) => Err(error),
+        }
     }
 
     /// Undoes an acquire whose outcome is unknown: a compare-and-delete sent on the connection
@@ -522,57 +596,8 @@ impl<T: Transport> Store for RedisStore<T> {
         budget: Duration,
     ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
         Box::pin(async move {
-            let names = &self.settings().names;
-            T::LAYOUT.check(names, request.key)?;
-            let plain = request.is_plain();
-            let script = match plain {
-                true => None,
-                false => {
-                    let names = T::LAYOUT.acquire_names(names, request.key)?;
-                    Some(scripts::acquire(&request, &names))
-                }
-            };
-            let connection = self.transport.connection().await?;
-            // From here the SET may reach Redis: if this future is dropped, or the reply is
-            // lost, the guard undoes it on the same connection.
-            let mut undo = UndoGuard {
-                store: self,
-                connection,
-                armed: true,
-                abandoned: request.lease(),
-            };
-            let connection = &mut undo.connection;
-            let reply = match &script {
-                None => self.set_nx(connection, &request, budget).await,
-                Some(cmd) => self
-                    .send(connection, request.key, Request::Cmd(cmd), budget)
-                    .await
-                    .map(|reply| scripts::acquired(&request, reply)),
-            };
-            match reply {
-                Ok(Acquired::Busy { remaining: None }) if plain => {
-                    undo.disarm();
-                    // A caller that fails fast learns when to come back, as from the script.
-                    let pttl = scripts::remaining(request.key);
-                    let connection = &mut undo.connection;
-                    let remaining = self
-                        .send::<i64>(connection, request.key, Request::Cmd(&pttl), budget)
-                        .await;
-                    Ok(Acquired::Busy {
-                        remaining: remaining.ok().and_then(protocol::remaining),
-                    })
-                }
-                Ok(acquired) => {
-                    undo.disarm();
-                    Ok(acquired)
-                }
-                Err(SendError::Answered(err)) => {
-                    // Redis answered with an error: the SET did not run.
-                    undo.disarm();
-                    Err(SendError::Answered(err).into_store_error())
-                }
-                Err(SendError::Unknown(error)) => Err(error),
-            }
+            let cmd = self.acquire_cmd(&request)?;
+            self.acquire_with(request, &cmd, budget).await
         })
     }
 

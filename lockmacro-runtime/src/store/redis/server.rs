@@ -15,8 +15,9 @@ use super::connections::{Lent, PerRuntime};
 use super::sentinel::SentinelSource;
 use super::{RedisStore, Request, SendError, Transport, feed, unanswered};
 use crate::clock::Backoff;
+use crate::error::LockError;
 use crate::store::scripts;
-use crate::store::{BoxFuture, ReleaseFeed, Settings, StoreError, TimedOut, Unreachable};
+use crate::store::{BoxFuture, LeaseRef, ReleaseFeed, Settings, StoreError, TimedOut, Unreachable};
 
 /// Where the master is.
 #[allow(clippy::large_enum_variant)] // one per client
@@ -71,25 +72,44 @@ impl RedisStore<Server> {
     }
 }
 
+/// A lease's release as one script call on a server, every key of a multi-key lease in it: built
+/// once, then sent to each of a Redlock's masters.
+pub(crate) struct ReleaseCall {
+    key: String,
+    cmd: redis::Cmd,
+    /// How many keys the script deletes when the lease is still ours.
+    keys: usize,
+}
+
+impl RedisStore<Server> {
+    /// The release of `lease`, as [`Store::release`](crate::store::Store::release) sends it.
+    pub(crate) fn release_call(&self, lease: LeaseRef<'_>) -> Result<ReleaseCall, LockError> {
+        let (cmd, keys) = match lease.keys.len() {
+            0 => (self.release_cmd(lease)?, 1),
+            n => (
+                self.release_group_cmd(lease, &Self::key_groups(lease.keys)[0])?,
+                n,
+            ),
+        };
+        Ok(ReleaseCall {
+            key: lease.key.to_owned(),
+            cmd,
+            keys,
+        })
+    }
+
+    /// Sends `call`: whether the lease was still ours.
+    pub(crate) async fn release_with(&self, call: &ReleaseCall) -> Result<bool, StoreError> {
+        let deleted = self.run_script(&call.key, &call.cmd).await?;
+        Ok(usize::try_from(deleted).is_ok_and(|deleted| deleted == call.keys))
+    }
+}
+
 impl Server {
     /// Drops every connection: the master changed.
     fn master_switched(&self) {
         self.source.forget_master();
         self.connections.invalidate_all();
-    }
-
-    /// The reply, or `None` when `budget` ran out first. The connection itself bounds every
-    /// request by the response timeout, so a timer of our own is only armed for a shorter budget.
-    async fn within<T>(
-        &self,
-        budget: Duration,
-        reply: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Option<redis::RedisResult<T>> {
-        if budget < self.settings.response_timeout {
-            tokio::time::timeout(budget, reply).await.ok()
-        } else {
-            Some(reply.await)
-        }
     }
 
     /// Whether a failed request may have run, dropping the connection when it proved broken.
@@ -144,22 +164,28 @@ impl Transport for Server {
         request: Request<'_>,
         budget: Duration,
     ) -> Result<R, SendError> {
+        // The connection's own response timer, cut to `budget`, bounds the request: one timer
+        // a request, not a second one of ours around it.
+        let response_timeout = self.settings.response_timeout;
+        lent.connection
+            .set_response_timeout(budget.min(response_timeout));
         let connection = &mut lent.connection;
         let reply = match request {
-            Request::Cmd(cmd) => self.within(budget, cmd.query_async(connection)).await,
-            Request::Pipeline(pipe) => self.within(budget, pipe.query_async(connection)).await,
+            Request::Cmd(cmd) => cmd.query_async(connection).await,
+            Request::Pipeline(pipe) => pipe.query_async(connection).await,
         };
         match reply {
-            Some(Ok(value)) => Ok(value),
-            Some(Err(err)) => Err(self.classify(lent.generation, err)),
-            None => {
-                // The request keeps its place in the connection's reply queue: if its reply
-                // comes late, that place would take the next request's reply. Never lend it again.
+            Ok(value) => Ok(value),
+            Err(err) if err.is_timeout() && budget < response_timeout => {
+                // The budget ran out. The request keeps its place in the connection's reply
+                // queue: if its reply comes late, that place would take the next request's
+                // reply. Never lend it again.
                 self.connections.invalidate(lent.generation);
                 Err(SendError::Unknown(StoreError::unavailable(TimedOut(
                     budget,
                 ))))
             }
+            Err(err) => Err(self.classify(lent.generation, err)),
         }
     }
 
