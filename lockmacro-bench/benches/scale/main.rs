@@ -43,7 +43,12 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(at) = args.iter().position(|arg| arg == CHILD) {
         let curve = args.get(at + 1).expect("a curve").clone();
-        let sizes: Vec<usize> = args[at + 2..].iter().map(|s| s.parse().unwrap()).collect();
+        // `cargo bench` adds `--bench` after ours.
+        let sizes: Vec<usize> = args[at + 2..]
+            .iter()
+            .filter(|arg| !arg.starts_with("--"))
+            .map(|size| size.parse().expect("a size"))
+            .collect();
         child(&curve, &sizes);
         return;
     }
