@@ -203,15 +203,9 @@ trait Cycle: Clone + Send + 'static {
     fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send;
 }
 
-impl Cycle for Floor {
+impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Cycle for Floor<C> {
     fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
         Floor::cycle(self, key)
-    }
-}
-
-impl Cycle for ClusterFloor {
-    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
-        ClusterFloor::cycle(self, key)
     }
 }
 
@@ -264,7 +258,7 @@ async fn cluster_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
         .get_async_connection()
         .await
         .expect("cluster connection");
-    let floor = ClusterFloor::new(connection).await;
+    let floor = ClusterFloor::cluster(connection).await;
     let locks = LockClient::cluster_builder(urls)
         .response_timeout(RESPONSE_TIMEOUT)
         .build()

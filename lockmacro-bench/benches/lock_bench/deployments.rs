@@ -178,7 +178,7 @@ pub async fn uncontended(report: &mut Report) {
         .get_async_connection()
         .await
         .expect("cluster connection");
-    let floor = DeploymentFloor::Cluster(ClusterFloor::new(connection).await);
+    let floor = DeploymentFloor::Cluster(ClusterFloor::cluster(connection).await);
     let locks = LockClient::cluster_builder(cluster.seed_urls())
         .build()
         .await

@@ -28,37 +28,70 @@ return 0
 /// Cycles per pipelined batch: the throughput ceiling of one connection.
 pub const PIPELINE_DEPTH: usize = 16;
 
-/// A connection with the compare-and-delete script loaded.
+/// The lock's two commands through one redis-rs connection, the compare-and-delete script
+/// loaded: a multiplexed connection ("redis-rs alone"), or redis-rs's cluster connection routed
+/// by key ([`ClusterFloor`]), whose `SET` asks for the value it replaces (`GET`), as the lock's
+/// does on a cluster, where a `SET` may be sent again after it landed.
 #[derive(Clone)]
-pub struct Floor {
-    connection: MultiplexedConnection,
+pub struct Floor<C = MultiplexedConnection> {
+    connection: C,
     pub release_sha: String,
+    asks_replaced: bool,
 }
 
+/// The floor of a Redis Cluster.
+pub type ClusterFloor = Floor<ClusterConnection>;
+
 impl Floor {
-    pub async fn new(mut connection: MultiplexedConnection) -> Self {
+    pub async fn new(connection: MultiplexedConnection) -> Self {
+        Self::loaded(connection, false).await
+    }
+}
+
+impl ClusterFloor {
+    /// The floor over `connection`, with the compare-and-delete script loaded on every node.
+    pub async fn cluster(connection: ClusterConnection) -> Self {
+        Self::loaded(connection, true).await
+    }
+}
+
+impl<C: ConnectionLike + Send> Floor<C> {
+    async fn loaded(mut connection: C, asks_replaced: bool) -> Self {
         let release_sha = load_compare_and_delete(&mut connection).await;
         Self {
             connection,
             release_sha,
+            asks_replaced,
         }
     }
 
-    /// One lock cycle on `key`: take it, release it. Two round trips.
+    /// One lock cycle on `key`: take it, release it. Two round trips (on a cluster, to the
+    /// key's master).
     pub async fn cycle(&mut self, key: &str) {
         let token = fresh_token();
-        let taken: Option<String> = set_nx(key, &token)
+        let mut set = set_nx(key, &token);
+        if self.asks_replaced {
+            set.arg("GET");
+        }
+        // `OK` when taken; with `GET`, the value replaced: none.
+        let answer: Option<String> = set
             .query_async(&mut self.connection)
             .await
             .expect("SET NX PX");
-        assert!(taken.is_some(), "floor key {key} was busy");
+        assert_eq!(
+            answer.is_none(),
+            self.asks_replaced,
+            "floor key {key} was busy"
+        );
         let deleted: i64 = compare_and_delete(&self.release_sha, key, &token)
             .query_async(&mut self.connection)
             .await
             .expect("EVALSHA compare-and-delete");
         assert_eq!(deleted, 1, "floor key {key} was not ours at release");
     }
+}
 
+impl Floor {
     /// [`PIPELINE_DEPTH`] lock cycles, on keys `{prefix}:0..`, in one round trip.
     pub async fn pipelined_cycles(&mut self, prefix: &str) {
         let mut pipe = redis::pipe();
@@ -108,43 +141,6 @@ async fn load_compare_and_delete(connection: &mut impl ConnectionLike) -> String
         .query_async(connection)
         .await
         .expect("SCRIPT LOAD")
-}
-
-/// The floor of a Redis Cluster: the lock's two commands through redis-rs's own cluster
-/// connection, routed by key. Its `SET` asks for the value it replaces (`GET`), as the lock's
-/// does on a cluster, where a `SET` may be sent again after it landed.
-#[derive(Clone)]
-pub struct ClusterFloor {
-    connection: ClusterConnection,
-    release_sha: String,
-}
-
-impl ClusterFloor {
-    /// The floor over `connection`, with the compare-and-delete script loaded on every node.
-    pub async fn new(mut connection: ClusterConnection) -> Self {
-        let release_sha = load_compare_and_delete(&mut connection).await;
-        Self {
-            connection,
-            release_sha,
-        }
-    }
-
-    /// One lock cycle on `key`: take it, release it. Two round trips, to the key's master.
-    pub async fn cycle(&mut self, key: &str) {
-        let token = fresh_token();
-        let mut set = set_nx(key, &token);
-        set.arg("GET");
-        let replaced: Option<String> = set
-            .query_async(&mut self.connection)
-            .await
-            .expect("SET NX PX GET");
-        assert!(replaced.is_none(), "cluster floor key {key} was busy");
-        let deleted: i64 = compare_and_delete(&self.release_sha, key, &token)
-            .query_async(&mut self.connection)
-            .await
-            .expect("EVALSHA compare-and-delete");
-        assert_eq!(deleted, 1, "cluster floor key {key} was not ours");
-    }
 }
 
 /// The floor of a Redlock: one redis-rs multiplexed connection per master, each of the lock's
