@@ -69,6 +69,7 @@ mod options;
 mod right;
 mod rt;
 mod state;
+mod sync;
 // The seam and the deployments behind it: the only users of `redis`.
 mod store;
 // The watchdog, the waiters and the engine that ties them together.

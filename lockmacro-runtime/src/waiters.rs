@@ -14,7 +14,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc, oneshot, watch};
@@ -27,6 +27,7 @@ use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
 use crate::right::ReleaseRight;
 use crate::store::{ReleaseFeed, Store, StoreError};
+use crate::sync::lock;
 
 /// The longest pause between two tries to reopen a lost subscription: once Redis is back, its
 /// waiters hear releases again within this (they look at each failed try meanwhile).
@@ -429,10 +430,6 @@ impl KeyWaiters {
         }
         self.released.notify_one();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The subscription task: follows watch/unwatch commands and turns announcements into wake-ups.

@@ -21,7 +21,7 @@
 //!   quorum may miss the master that counted the last token.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -39,6 +39,7 @@ use super::{
 };
 use crate::clock::{self, Backoff};
 use crate::error::LockError;
+use crate::sync::lock;
 
 /// A Redlock quorum.
 #[derive(Clone)]
@@ -446,11 +447,6 @@ impl RedlockStore {
         }
         std::mem::take(&mut *lock(&answers))
     }
-}
-
-/// `answers`, even after a call panicked while it held them.
-fn lock<T>(answers: &Mutex<T>) -> MutexGuard<'_, T> {
-    answers.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HandsOver for RedlockStore {

@@ -9,8 +9,8 @@
 -- client marks the key at its first look once subscribed, so an unmarked key's hand-over
 -- leaves nobody out (that waiter's look finds the next holder, and marks it).
 -- KEYS[1] = lock key; KEYS[2] = the release channel, and the name of its watch mark (a key
--- here, so that a cluster refuses a channel outside the key's slot); ARGV[1] = our token; ARGV[2] = the next holder's token;
--- ARGV[3] = its ttl in ms; ARGV[4] = 'sharded' for a cluster's sharded channel (counted by
+-- here, so that a cluster refuses a channel outside the key's slot); ARGV[1] = our token;
+-- ARGV[2] = the next holder's token; ARGV[3] = its ttl in ms; ARGV[4] = 'sharded' for a cluster's sharded channel (counted by
 -- SHARDNUMSUB, announced by SPUBLISH), absent otherwise (NUMSUB, PUBLISH).
 -- Returns 1 when handed over, 2 when released and announced instead, 0 when the key was not
 -- ours (nothing changed).
