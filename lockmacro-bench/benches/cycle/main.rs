@@ -237,10 +237,7 @@ async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
         .expect("connection");
     let floor = Floor::new(connection).await;
     let locks = LockClient::connect(url).await.expect("LockClient");
-    match system {
-        "lockmacro" => drive(RunLocked(locks), tasks).await,
-        _ => drive(floor, tasks).await,
-    }
+    drive_either(system, locks, floor, tasks).await
 }
 
 /// Runs `system` (`redis-rs-cluster` or `lockmacro-cluster`) on the cluster seeded by `urls`
@@ -264,10 +261,7 @@ async fn cluster_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
         .build()
         .await
         .expect("cluster LockClient");
-    match system {
-        "lockmacro-cluster" => drive(RunLocked(locks), tasks).await,
-        _ => drive(floor, tasks).await,
-    }
+    drive_either(system, locks, floor, tasks).await
 }
 
 /// Runs `system` (`redis-rs-redlock` or `lockmacro-redlock`) on the Redlock of the masters at
@@ -286,9 +280,20 @@ async fn redlock_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
         .build()
         .await
         .expect("Redlock LockClient");
-    match system {
-        "lockmacro-redlock" => drive(RunLocked(locks), tasks).await,
-        _ => drive(floor, tasks).await,
+    drive_either(system, locks, floor, tasks).await
+}
+
+/// Drives `locks` when `system` is one of lockmacro's (`lockmacro…`), else its `floor`: each
+/// child opens both, so that the two systems differ only in the cycle.
+async fn drive_either(
+    system: &str,
+    locks: LockClient,
+    floor: impl Cycle,
+    tasks: usize,
+) -> (f64, f64) {
+    match system.starts_with("lockmacro") {
+        true => drive(RunLocked(locks), tasks).await,
+        false => drive(floor, tasks).await,
     }
 }
 
