@@ -5,7 +5,7 @@
 # updates, time a key stood free while someone waited, recovery, and locks left behind, and
 # fails when a figure the contract promises to be zero is not (src/safety/promises.rs).
 #
-#   scripts/safety.sh            the full run (~6 min), for the table in README.md (Safety under faults)
+#   scripts/safety.sh            the full run (~6 min), for the table in docs/safety.md
 #   scripts/safety.sh --quick    about a minute of campaign, for CI
 #
 # Extra arguments go to the runner: `--only single|sentinel|cluster|redlock3|redlock5`,

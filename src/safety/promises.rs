@@ -1,7 +1,7 @@
 //! What the contract promises under each fault, next to the checker that holds it to it.
 //!
 //! A figure is either *promised* to be zero for a deployment and fault (the runner fails when it
-//! is not) or only *documented* (measured and printed: the table in README.md, *Safety under faults*, says how
+//! is not) or only *documented* (measured and printed: the table in docs/safety.md says how
 //! large it came out). The split follows the README's "What it cannot do" and the deployments
 //! table of the design:
 //!
