@@ -32,8 +32,9 @@ pub mod v0_1_0 {
         crate::key::key_list(keys)
     }
 
-    /// One key of `key = [...]`, as the list holds it.
-    pub fn key_part<K: Display>(key: &K) -> &dyn Display {
+    /// One key of `key = [...]`, as the list holds it. A `dyn` parameter, not a generic bound:
+    /// a key that is not `Display` is then reported at the key, without a note pointing here.
+    pub fn key_part(key: &dyn Display) -> &dyn Display {
         key
     }
 
@@ -42,10 +43,12 @@ pub mod v0_1_0 {
         crate::key::check_key(prefix.to_owned())
     }
 
-    /// The client named by `client = ...`: anything that derefs to a `LockClient`.
-    pub fn client_from(client: &LockClient) -> Result<LockClient, LockError> {
-        Ok(client.clone())
-    }
+    /// The client named by `client = ...`: anything that derefs to a `LockClient`. A function
+    /// pointer rather than a function, so that a client of another type is reported at the
+    /// user's expression without a "function defined here" note pointing into this file.
+    #[allow(non_upper_case_globals)]
+    pub const client_from: fn(&LockClient) -> Result<LockClient, LockError> =
+        |client| Ok(client.clone());
 
     /// Fixes the output type of the body's async block to the function's return type, so `?`
     /// and `return` inside it infer as they did in the original function.
@@ -54,11 +57,9 @@ pub mod v0_1_0 {
     }
 
     /// A length given to `ttl`, `wait` or `hold_at_least` as an expression, checked now: zero
-    /// is refused.
-    pub fn length<L: LeaseLength + ?Sized>(
-        argument: &'static str,
-        value: &L,
-    ) -> Result<Duration, LockError> {
+    /// is refused. A `dyn` parameter, so a value of another type is reported at the value in the
+    /// words of [`LeaseLength`]'s message, without a note pointing here.
+    pub fn length(argument: &'static str, value: &dyn LeaseLength) -> Result<Duration, LockError> {
         let length = value.lease_length();
         if length.is_zero() {
             return Err(LockError::InvalidOptions {
@@ -149,7 +150,8 @@ pub mod v0_1_0 {
     }
 
     /// What `ttl`, `wait` and `hold_at_least` accept as expressions: a `Duration`, or whole
-    /// seconds.
+    /// seconds. Its implementations are not recommended: the message lists them, where the
+    /// compiler would show this file.
     #[diagnostic::on_unimplemented(
         message = "`ttl`, `wait` and `hold_at_least` take a `Duration` or integer seconds, not `{Self}`",
         label = "expected a `Duration`, or seconds as `u64` or `u32`",
@@ -160,24 +162,28 @@ pub mod v0_1_0 {
         fn lease_length(&self) -> Duration;
     }
 
+    #[diagnostic::do_not_recommend]
     impl LeaseLength for StdDuration {
         fn lease_length(&self) -> Duration {
             *self
         }
     }
 
+    #[diagnostic::do_not_recommend]
     impl LeaseLength for u64 {
         fn lease_length(&self) -> Duration {
             Duration::from_secs(*self)
         }
     }
 
+    #[diagnostic::do_not_recommend]
     impl LeaseLength for u32 {
         fn lease_length(&self) -> Duration {
             Duration::from_secs(u64::from(*self))
         }
     }
 
+    #[diagnostic::do_not_recommend]
     impl<L: LeaseLength + ?Sized> LeaseLength for &L {
         fn lease_length(&self) -> Duration {
             (**self).lease_length()
@@ -231,7 +237,7 @@ pub mod v0_1_0 {
 #[diagnostic::on_unimplemented(
     message = "`LockClient::in_memory()` needs the `test-util` feature of `lockmacro-runtime`",
     label = "in-memory locks are only built with the `test-util` feature",
-    note = "add `lockmacro-runtime = {{ version = \"0.1\", features = [\"test-util\"] }}` under `[dev-dependencies]` in Cargo.toml"
+    note = "add `features = [\"test-util\"]` to the `lockmacro-runtime` line under `[dev-dependencies]` in Cargo.toml"
 )]
 pub trait NeedsTestUtil {}
 

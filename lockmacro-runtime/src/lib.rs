@@ -90,6 +90,10 @@ mod axum;
 
 #[doc(hidden)]
 pub mod __private;
+// Named in the compiler's messages about misuse of the attribute: at the root, so a message
+// says `LeaseLength`, not the private module's path.
+#[doc(hidden)]
+pub use __private::v0_1_0::{IntoError, LeaseLength, LockResult};
 
 pub use builder::LockClientBuilder;
 pub use client::LockClient;

@@ -10,7 +10,7 @@ use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
 use syn::{Error, Expr, ExprLit, Ident, Lit, LitInt, LitStr, Path, Token};
 
-use crate::valid::Errors;
+use crate::valid::{Errors, Parameters};
 
 mod kw {
     syn::custom_keyword!(prefix);
@@ -80,9 +80,13 @@ pub(crate) enum Renewals {
 }
 
 impl Configuration {
-    /// Reads the attribute's arguments, reporting every bad one at once.
-    pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Self> {
-        let mut fields = Fields::default();
+    /// Reads the attribute's arguments, reporting every bad one at once. `parameters` are the
+    /// names the function binds, when it is one, for the check of `key`.
+    pub(crate) fn parse(tokens: TokenStream, parameters: Option<&Parameters>) -> syn::Result<Self> {
+        let mut fields = Fields {
+            parameters,
+            ..Fields::default()
+        };
         let mut errors = Errors::default();
         let parsed = (|input: ParseStream| fields.parse_all(input, &mut errors)).parse2(tokens);
         match parsed {
@@ -132,8 +136,114 @@ enum Argument {
     Crate,
 }
 
-const VALID_NAMES: &str = "`prefix`, `key`, `ttl`, `max_renewals`, `wait`, `hold_at_least`, \
-                           `client`, `fencing`, `mode`, `permits`, `fair`, `crate`";
+/// The names other lock libraries give what an argument does, and what they mean here.
+const OTHER_NAMES: &[(&[&str], &str)] = &[
+    (
+        &["timeout", "lock_timeout", "acquire_timeout"],
+        "`wait` (how long to wait for a busy lock) or `ttl` (the lease length)",
+    ),
+    (
+        &[
+            "lease",
+            "lease_time",
+            "expire",
+            "expiry",
+            "expires",
+            "lock_at_most_for",
+        ],
+        "`ttl`",
+    ),
+    (
+        &[
+            "wait_time",
+            "wait_timeout",
+            "try_for",
+            "retries",
+            "retry_count",
+        ],
+        "`wait`",
+    ),
+    (
+        &[
+            "renewals",
+            "max_renew",
+            "try_count",
+            "renew_count",
+            "max_extensions",
+        ],
+        "`max_renewals`",
+    ),
+    (
+        &["lock_at_least_for", "min_hold", "hold", "hold_for"],
+        "`hold_at_least`",
+    ),
+    (&["name", "namespace", "key_prefix"], "`prefix`"),
+    (&["keys"], "`key`"),
+    (&["fence", "fencing_token", "fenced"], "`fencing`"),
+    (&["semaphore", "max_holders", "permit"], "`permits`"),
+    (
+        &["read", "write", "shared", "kind", "read_only"],
+        "`mode = read`",
+    ),
+    (&["fifo", "ordered", "queued"], "`fair = true`"),
+];
+
+/// What an unknown argument most likely meant: an argument spelled another way (`max_renewal`,
+/// `maxRenewals`) or named as another library names it (`timeout`).
+fn did_you_mean(unknown: &str) -> Option<String> {
+    let lowered = unknown.to_lowercase();
+    if let Some((_, meant)) = OTHER_NAMES
+        .iter()
+        .find(|(names, _)| names.contains(&lowered.as_str()))
+    {
+        return Some((*meant).to_owned());
+    }
+    // Case and underscores aside, at most one edit in three letters (as rustc's suggestions).
+    let bare = |name: &str| name.to_lowercase().replace('_', "");
+    let unknown = bare(unknown);
+    ARGUMENT_NAMES
+        .iter()
+        .map(|name| (edit_distance(&unknown, &bare(name)), name))
+        .filter(|(distance, _)| *distance <= unknown.chars().count().max(3) / 3)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| format!("`{name}`"))
+}
+
+/// `` `prefix`, `key`, ... ``, for "expected one of" messages.
+fn valid_names() -> String {
+    ARGUMENT_NAMES.map(|name| format!("`{name}`")).join(", ")
+}
+
+const ARGUMENT_NAMES: [&str; 12] = [
+    "prefix",
+    "key",
+    "ttl",
+    "max_renewals",
+    "wait",
+    "hold_at_least",
+    "client",
+    "fencing",
+    "mode",
+    "permits",
+    "fair",
+    "crate",
+];
+
+/// Levenshtein distance: insertions, deletions and substitutions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, a) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, b) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(a != *b);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
 
 impl Argument {
     fn peek(input: ParseStream<'_>) -> Option<Self> {
@@ -187,7 +297,9 @@ impl Argument {
 
 /// The arguments read so far.
 #[derive(Default)]
-struct Fields {
+struct Fields<'f> {
+    /// What the function's parameters are called, when the item is a function.
+    parameters: Option<&'f Parameters>,
     seen: Vec<Argument>,
     krate: Option<Path>,
     prefix: Option<LitStr>,
@@ -209,14 +321,15 @@ struct Fields {
     fair_span: Option<Span>,
 }
 
-impl Fields {
+impl Fields<'_> {
     /// Reads `name = value, ...`. Bad values go to `errors`; broken syntax ends the reading.
     fn parse_all(&mut self, input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<()> {
         while !input.is_empty() {
             let argument = Argument::peek(input);
             if !input.peek(Ident::peek_any) {
                 return Err(input.error(format!(
-                    "expected an argument name in `#[redis_lock]`, one of {VALID_NAMES}"
+                    "expected an argument name in `#[redis_lock]`, one of {}",
+                    valid_names()
                 )));
             }
             let name = input.call(Ident::parse_any)?;
@@ -250,12 +363,16 @@ impl Fields {
         value: Option<Expr>,
     ) -> syn::Result<()> {
         let Some(argument) = argument else {
-            return Err(Error::new(
-                name.span(),
-                format!(
-                    "unknown argument `{name}` in `#[redis_lock]`; expected one of {VALID_NAMES}"
+            let message = match did_you_mean(&name.to_string()) {
+                Some(meant) => {
+                    format!("unknown argument `{name}` in `#[redis_lock]`; did you mean {meant}?")
+                }
+                None => format!(
+                    "unknown argument `{name}` in `#[redis_lock]`; expected one of {}",
+                    valid_names()
                 ),
-            ));
+            };
+            return Err(Error::new(name.span(), message));
         };
         if self.seen.contains(&argument) {
             return Err(Error::new(
@@ -275,7 +392,7 @@ impl Fields {
         };
         match argument {
             Argument::Prefix => self.prefix = Some(prefix(value)?),
-            Argument::Key => self.key = Some(key(value)?),
+            Argument::Key => self.key = Some(key(value, self.parameters)?),
             Argument::Ttl => self.ttl = Some(ttl(value)?),
             Argument::MaxRenewals => self.max_renewals = Some(max_renewals(&value)?),
             Argument::Wait => self.wait = Some(wait(value)?),
@@ -368,6 +485,17 @@ fn prefix(value: Expr) -> syn::Result<LitStr> {
         Expr::Lit(ExprLit {
             lit: Lit::Str(prefix),
             ..
+        }) if prefix.value().ends_with(':') => Err(Error::new(
+            prefix.span(),
+            format!(
+                "`prefix` must not end with `:`; the attribute puts the `:` between prefix and key \
+                 (`prefix = \"books\", key = id` makes `books:<id>`); write `prefix = {:?}`",
+                prefix.value().trim_end_matches(':')
+            ),
+        )),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(prefix),
+            ..
         }) => Ok(prefix),
         other => Err(Error::new_spanned(
             other,
@@ -376,17 +504,42 @@ fn prefix(value: Expr) -> syn::Result<LitStr> {
     }
 }
 
-/// Any expression; a bracketed list (`key = [from.id, to.id]`, several keys at once) names at
-/// least one key.
-fn key(value: Expr) -> syn::Result<Expr> {
-    match value {
-        Expr::Array(list) if list.elems.is_empty() => Err(Error::new_spanned(
-            list,
-            "`key = []` names no key; list the keys to lock together, such as \
-             `key = [from.id, to.id]`, or omit `key` to lock the prefix alone",
-        )),
-        other => Ok(other),
+/// Any expression over the parameters; a bracketed list (`key = [from.id, to.id]`, several keys
+/// at once) names at least one key. Each part is checked where it is written: an empty string
+/// literal, or a lone name that is no parameter.
+fn key(value: Expr, parameters: Option<&Parameters>) -> syn::Result<Expr> {
+    let parts: Vec<&Expr> = match &value {
+        Expr::Array(list) if list.elems.is_empty() => {
+            return Err(Error::new_spanned(
+                list,
+                "`key = []` names no key; list the keys to lock together, such as \
+                 `key = [from.id, to.id]`, or omit `key` to lock the prefix alone",
+            ));
+        }
+        Expr::Array(list) => list.elems.iter().collect(),
+        other => vec![other],
+    };
+    let mut errors = Errors::default();
+    for part in parts {
+        if let Expr::Lit(ExprLit {
+            lit: Lit::Str(text),
+            ..
+        }) = part
+            && text.value().is_empty()
+        {
+            errors.push(Error::new(
+                text.span(),
+                "`key` must not be an empty string: every call would be refused with \
+                 `LockError::InvalidKey`; name what to lock, such as `key = user_id`, or omit \
+                 `key` to lock the prefix alone",
+            ));
+        }
+        if let Some(Err(error)) = parameters.map(|parameters| parameters.check_key_part(part)) {
+            errors.push(error);
+        }
     }
+    errors.finish()?;
+    Ok(value)
 }
 
 fn ttl(value: Expr) -> syn::Result<Length> {
@@ -477,6 +630,8 @@ enum DurationError {
     NoNumber,
     Fraction,
     NoUnit,
+    /// A duration written another way (`"5 s"`, `"5sec"`, `"2d"`): how to write it.
+    Respell(String),
     UnknownUnit(String),
     TooLarge,
 }
@@ -493,6 +648,9 @@ impl DurationError {
             Self::NoUnit => format!(
                 "`{argument}` needs a unit after the number: `ms`, `s`, `m` or `h`, such as `{argument} = \"3s\"`; or write the integer `{argument} = 3` for seconds"
             ),
+            Self::Respell(instead) => format!(
+                "`{argument}` takes a whole number directly followed by `ms`, `s`, `m` or `h`; write `{argument} = \"{instead}\"`"
+            ),
             Self::UnknownUnit(unit) => format!(
                 "unknown unit `{unit}` in `{argument}`; use `ms`, `s`, `m` or `h`, such as `{argument} = \"500ms\"`"
             ),
@@ -503,8 +661,38 @@ impl DurationError {
     }
 }
 
-/// `"500ms"`, `"3s"`, `"2m"` or `"1h"` in milliseconds: digits, then the unit, nothing else.
+/// `"500ms"`, `"3s"`, `"2m"` or `"1h"` in milliseconds: digits, then the unit, nothing else. A
+/// duration written another way that means one (`"5 s"`, `"2 mins"`, `"1d"`) is refused with
+/// how to write it.
 fn parse_duration(text: &str) -> Result<u64, DurationError> {
+    strict_duration(text).map_err(|error| match (&error, respelled(text)) {
+        (DurationError::NoNumber | DurationError::UnknownUnit(_), Some(instead)) => {
+            DurationError::Respell(instead)
+        }
+        _ => error,
+    })
+}
+
+/// `text` in this attribute's spelling, when it is a whole number and a unit spelled another
+/// way: spaces around, a word for the unit, capitals, days.
+fn respelled(text: &str) -> Option<String> {
+    let text = text.trim();
+    let digits_end = text.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = text.split_at(digits_end);
+    let number: u64 = digits.parse().ok()?;
+    Some(match unit.trim().to_lowercase().as_str() {
+        "ms" | "msec" | "msecs" | "millis" | "millisecond" | "milliseconds" => {
+            format!("{number}ms")
+        }
+        "s" | "sec" | "secs" | "second" | "seconds" => format!("{number}s"),
+        "m" | "min" | "mins" | "minute" | "minutes" => format!("{number}m"),
+        "h" | "hr" | "hrs" | "hour" | "hours" => format!("{number}h"),
+        "d" | "day" | "days" => format!("{}h", number.checked_mul(24)?),
+        _ => return None,
+    })
+}
+
+fn strict_duration(text: &str) -> Result<u64, DurationError> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
@@ -621,6 +809,14 @@ fn crate_path(value: &Expr) -> syn::Result<Path> {
 }
 
 #[cfg(test)]
+impl Configuration {
+    /// The arguments alone, as for an item that is no function.
+    fn parse_arguments(tokens: TokenStream) -> syn::Result<Self> {
+        Self::parse(tokens, None)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::{DurationError, Renewals, parse_duration};
     use quote::quote;
@@ -639,21 +835,36 @@ mod tests {
     fn duration_refusals() {
         assert_eq!(parse_duration(""), Err(DurationError::NoNumber));
         assert_eq!(parse_duration("s"), Err(DurationError::NoNumber));
-        assert_eq!(parse_duration(" 3s"), Err(DurationError::NoNumber));
+        assert_eq!(
+            parse_duration(" 3s"),
+            Err(DurationError::Respell("3s".into()))
+        );
         assert_eq!(parse_duration("-3s"), Err(DurationError::NoNumber));
         assert_eq!(parse_duration("3"), Err(DurationError::NoUnit));
         assert_eq!(parse_duration("1.5s"), Err(DurationError::Fraction));
         assert_eq!(
-            parse_duration("2d"),
-            Err(DurationError::UnknownUnit("d".into()))
+            parse_duration("2w"),
+            Err(DurationError::UnknownUnit("w".into()))
         );
         assert_eq!(
             parse_duration("3 s"),
-            Err(DurationError::UnknownUnit(" s".into()))
+            Err(DurationError::Respell("3s".into()))
         );
         assert_eq!(
             parse_duration("3S"),
-            Err(DurationError::UnknownUnit("S".into()))
+            Err(DurationError::Respell("3s".into()))
+        );
+        assert_eq!(
+            parse_duration("2d"),
+            Err(DurationError::Respell("48h".into()))
+        );
+        assert_eq!(
+            parse_duration("5 mins"),
+            Err(DurationError::Respell("5m".into()))
+        );
+        assert_eq!(
+            parse_duration("250 Milliseconds"),
+            Err(DurationError::Respell("250ms".into()))
         );
         assert_eq!(
             parse_duration("99999999999999999999ms"),
@@ -667,34 +878,44 @@ mod tests {
 
     #[test]
     fn integer_ttl_is_seconds() {
-        let config = super::Configuration::parse(quote!(prefix = "p", ttl = 3)).unwrap();
+        let config = super::Configuration::parse_arguments(quote!(prefix = "p", ttl = 3)).unwrap();
         assert!(matches!(config.ttl, Some(super::Length::Millis(3_000))));
-        let config = super::Configuration::parse(quote!(ttl = "250ms", prefix = "p")).unwrap();
+        let config =
+            super::Configuration::parse_arguments(quote!(ttl = "250ms", prefix = "p")).unwrap();
         assert!(matches!(config.ttl, Some(super::Length::Millis(250))));
-        let config = super::Configuration::parse(quote!(ttl = LOCK_TTL, prefix = "p")).unwrap();
+        let config =
+            super::Configuration::parse_arguments(quote!(ttl = LOCK_TTL, prefix = "p")).unwrap();
         assert!(matches!(config.ttl, Some(super::Length::Expr(_))));
     }
 
     #[test]
     fn hold_at_least_takes_the_forms_of_ttl() {
         let config =
-            super::Configuration::parse(quote!(prefix = "p", hold_at_least = "5m")).unwrap();
+            super::Configuration::parse_arguments(quote!(prefix = "p", hold_at_least = "5m"))
+                .unwrap();
         assert!(matches!(
             config.hold_at_least,
             Some(super::Length::Millis(300_000))
         ));
-        let config = super::Configuration::parse(quote!(prefix = "p", hold_at_least = 2)).unwrap();
+        let config =
+            super::Configuration::parse_arguments(quote!(prefix = "p", hold_at_least = 2)).unwrap();
         assert!(matches!(
             config.hold_at_least,
             Some(super::Length::Millis(2_000))
         ));
         let config =
-            super::Configuration::parse(quote!(prefix = "p", hold_at_least = HOLD)).unwrap();
+            super::Configuration::parse_arguments(quote!(prefix = "p", hold_at_least = HOLD))
+                .unwrap();
         assert!(matches!(config.hold_at_least, Some(super::Length::Expr(_))));
-        assert!(super::Configuration::parse(quote!(prefix = "p", hold_at_least = "0s")).is_err());
-        assert!(super::Configuration::parse(quote!(prefix = "p", hold_at_least = 0)).is_err());
         assert!(
-            super::Configuration::parse(quote!(prefix = "p"))
+            super::Configuration::parse_arguments(quote!(prefix = "p", hold_at_least = "0s"))
+                .is_err()
+        );
+        assert!(
+            super::Configuration::parse_arguments(quote!(prefix = "p", hold_at_least = 0)).is_err()
+        );
+        assert!(
+            super::Configuration::parse_arguments(quote!(prefix = "p"))
                 .unwrap()
                 .hold_at_least
                 .is_none()
@@ -704,36 +925,43 @@ mod tests {
     #[test]
     fn renewals_and_defaults() {
         let config =
-            super::Configuration::parse(quote!(prefix = "p", max_renewals = unlimited)).unwrap();
+            super::Configuration::parse_arguments(quote!(prefix = "p", max_renewals = unlimited))
+                .unwrap();
         assert_eq!(config.max_renewals, Some(Renewals::Unlimited));
         assert!(config.ttl.is_none());
         assert!(config.wait.is_none());
         assert!(!config.fencing);
         let config =
-            super::Configuration::parse(quote!(prefix = "p", max_renewals = 0, wait = 1)).unwrap();
+            super::Configuration::parse_arguments(quote!(prefix = "p", max_renewals = 0, wait = 1))
+                .unwrap();
         assert_eq!(config.max_renewals, Some(Renewals::Limited(0)));
         assert!(matches!(config.wait, Some(super::Length::Millis(1_000))));
     }
 
     #[test]
     fn kinds() {
-        let config = super::Configuration::parse(quote!(prefix = "p", mode = read)).unwrap();
+        let config =
+            super::Configuration::parse_arguments(quote!(prefix = "p", mode = read)).unwrap();
         assert_eq!(config.kind, Some(super::Kind::Read));
         let config =
-            super::Configuration::parse(quote!(prefix = "p", permits = 3, fair = true)).unwrap();
+            super::Configuration::parse_arguments(quote!(prefix = "p", permits = 3, fair = true))
+                .unwrap();
         assert_eq!(config.kind, Some(super::Kind::Permits(3)));
         assert!(config.fair);
         assert!(
-            super::Configuration::parse(quote!(prefix = "p", mode = read, permits = 2)).is_err()
+            super::Configuration::parse_arguments(quote!(prefix = "p", mode = read, permits = 2))
+                .is_err()
         );
-        assert!(super::Configuration::parse(quote!(prefix = "p", permits = 0)).is_err());
-        assert!(super::Configuration::parse(quote!(prefix = "p", mode = banana)).is_err());
-        assert!(super::Configuration::parse(quote!(prefix = "p", fair = "yes")).is_err());
+        assert!(super::Configuration::parse_arguments(quote!(prefix = "p", permits = 0)).is_err());
+        assert!(
+            super::Configuration::parse_arguments(quote!(prefix = "p", mode = banana)).is_err()
+        );
+        assert!(super::Configuration::parse_arguments(quote!(prefix = "p", fair = "yes")).is_err());
     }
 
     #[test]
     fn key_lists_name_a_key_and_are_exclusive() {
-        let parse = |tokens| super::Configuration::parse(tokens).map(drop);
+        let parse = |tokens| super::Configuration::parse_arguments(tokens).map(drop);
         assert!(parse(quote!(prefix = "p", key = [a, b], mode = write, wait = 3)).is_ok());
         assert!(parse(quote!(prefix = "p", key = [a])).is_ok());
         let empty = parse(quote!(prefix = "p", key = [])).unwrap_err();
@@ -773,10 +1001,31 @@ mod tests {
     }
 
     #[test]
+    fn near_misses_name_the_argument_meant() {
+        assert_eq!(
+            super::did_you_mean("max_renewal").as_deref(),
+            Some("`max_renewals`")
+        );
+        assert_eq!(
+            super::did_you_mean("maxRenewals").as_deref(),
+            Some("`max_renewals`")
+        );
+        assert_eq!(super::did_you_mean("tll").as_deref(), Some("`ttl`"));
+        assert_eq!(
+            super::did_you_mean("holdAtLeast").as_deref(),
+            Some("`hold_at_least`")
+        );
+        assert!(super::did_you_mean("timeout").unwrap().contains("`wait`"));
+        assert_eq!(super::did_you_mean("bogus"), None);
+        assert_eq!(super::did_you_mean("x"), None);
+    }
+
+    #[test]
     fn every_bad_argument_is_reported() {
-        let error = super::Configuration::parse(quote!(ttl = 0, bogus = 1, wait = "2d", ttl = 1))
-            .err()
-            .unwrap();
+        let error =
+            super::Configuration::parse_arguments(quote!(ttl = 0, bogus = 1, wait = "2d", ttl = 1))
+                .err()
+                .unwrap();
         assert_eq!(error.into_iter().count(), 5);
     }
 }

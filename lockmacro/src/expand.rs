@@ -19,18 +19,14 @@ use crate::valid::{self, LockedBody, LockedFn};
 /// The whole attribute: read, check, write. On any error the function is emitted unchanged next
 /// to the errors, so callers see no second error and IDEs keep working.
 pub(crate) fn redis_lock(args: TokenStream, item: TokenStream) -> TokenStream {
-    let config = Configuration::parse(args).map(|config| {
+    let func = syn::parse2::<ItemFn>(item.clone()).map_err(valid::not_a_function);
+    // The parameters the key may name, so a key naming none is reported among the arguments.
+    let parameters = func.as_ref().ok().map(valid::Parameters::of);
+    let config = Configuration::parse(args, parameters.as_ref()).map(|config| {
         let private = private_module(&config);
         (config, private)
     });
-    let func = syn::parse2::<ItemFn>(item.clone())
-        .map_err(valid::not_a_function)
-        .and_then(|func| valid::check(&func).map(|locked| (func, locked)));
-    let key = match (&config, &func) {
-        (Ok((config, _)), Ok((func, _))) => valid::check_key(config.key.as_ref(), func),
-        _ => Ok(()),
-    };
-    let func = valid::join(func, key).map(|(func, ())| func);
+    let func = func.and_then(|func| valid::check(&func).map(|locked| (func, locked)));
     match valid::join(config, func) {
         Ok(((config, private), (func, locked))) => locked_fn(&config, &private, &func, locked),
         Err(error) => {

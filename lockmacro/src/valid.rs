@@ -186,54 +186,65 @@ fn single_type_argument<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
     }
 }
 
-/// A `key` that is a lone name (`key = user`) must name one of the function's parameters:
-/// otherwise the compiler's "cannot find value" would not say what the key can name. Names
-/// starting with a capital (`key = TENANT`, a constant) are left to the compiler.
-pub(crate) fn check_key(key: Option<&Expr>, func: &ItemFn) -> syn::Result<()> {
-    let mut names = Vec::new();
-    for input in &func.sig.inputs {
-        match input {
-            FnArg::Receiver(_) => names.push(Ident::new("self", Span::call_site())),
-            FnArg::Typed(typed) => bound_names(&typed.pat, &mut names),
+/// The names the function binds, which `key` may use.
+pub(crate) struct Parameters {
+    function: Ident,
+    names: Vec<Ident>,
+}
+
+impl Parameters {
+    pub(crate) fn of(func: &ItemFn) -> Self {
+        let mut names = Vec::new();
+        for input in &func.sig.inputs {
+            match input {
+                FnArg::Receiver(_) => names.push(Ident::new("self", Span::call_site())),
+                FnArg::Typed(typed) => bound_names(&typed.pat, &mut names),
+            }
+        }
+        Self {
+            function: func.sig.ident.clone(),
+            names,
         }
     }
-    let mut errors = Errors::default();
-    let parts = match key {
-        Some(Expr::Array(list)) => list.elems.iter().collect(),
-        Some(key) => vec![key],
-        None => Vec::new(),
-    };
-    for part in parts {
-        let Expr::Path(path) = part else { continue };
+
+    /// A key (or a part of `key = [...]`) that is a lone name (`key = user`) must name one of
+    /// the parameters: otherwise the compiler's "cannot find value" would not say what the key
+    /// can name. Names starting with a capital (`key = TENANT`, a constant) are left to the
+    /// compiler.
+    pub(crate) fn check_key_part(&self, part: &Expr) -> syn::Result<()> {
+        let Expr::Path(path) = part else {
+            return Ok(());
+        };
         let Some(name) = path.path.get_ident() else {
-            continue;
+            return Ok(());
         };
         let starts_lowercase = name
             .to_string()
             .starts_with(|c: char| c.is_lowercase() || c == '_');
-        if path.qself.is_none() && starts_lowercase && !names.iter().any(|bound| bound == name) {
-            let listed = match names.as_slice() {
-                [] => format!("`{}` takes no parameters", func.sig.ident),
-                names => format!(
-                    "the parameters of `{}` are {}",
-                    func.sig.ident,
-                    names
-                        .iter()
-                        .map(|name| format!("`{name}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            };
-            errors.push(Error::new(
-                name.span(),
-                format!(
-                    "`key = {name}` names no parameter of this function; {listed}. `key` is an \
-                     expression over the parameters, such as `key = user_id` or `key = order.id`"
-                ),
-            ));
+        if path.qself.is_some() || !starts_lowercase || self.names.iter().any(|bound| bound == name)
+        {
+            return Ok(());
         }
+        let listed = match self.names.as_slice() {
+            [] => format!("`{}` takes no parameters", self.function),
+            names => format!(
+                "the parameters of `{}` are {}",
+                self.function,
+                names
+                    .iter()
+                    .map(|name| format!("`{name}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        Err(Error::new(
+            name.span(),
+            format!(
+                "`key = {name}` names no parameter of this function; {listed}. `key` is an \
+                 expression over the parameters, such as `key = user_id` or `key = order.id`"
+            ),
+        ))
     }
-    errors.finish()
 }
 
 /// The names a parameter's pattern binds: `user_id`, or `user_id` in `Path(user_id)`.

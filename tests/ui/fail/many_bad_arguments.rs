@@ -2,6 +2,7 @@ use lockmacro_runtime::{LockError, redis_lock};
 
 #[redis_lock(
     prefix = "",
+    key = usr,
     ttl = 0,
     max_renewals = "3",
     tll = 3,
