@@ -7,7 +7,7 @@
 //! where an error should point there), so the body cannot see the `__lm_` temporaries and lints
 //! such as `unused_qualifications` leave the generated paths alone.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, format_ident, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
@@ -73,13 +73,17 @@ fn locked_fn(
                 &locked.output,
                 quote_spanned!(Span::mixed_site()=> async move #block),
             );
-            quote_spanned!(Span::mixed_site()=> { #inputs #run })
+            quote_spanned!(Span::mixed_site()=> #inputs #run)
         }
         LockedBody::AsyncTrait { boxer, future } => {
             let run = run_locked(config, private, &locked.output, future.into_token_stream());
-            quote_spanned!(Span::mixed_site()=> { #inputs #boxer(async move { #run }) })
+            quote_spanned!(Span::mixed_site()=> #inputs #boxer(async move { #run }))
         }
     };
+    // The body's braces are the user's: an item that ends in generated tokens counts as macro
+    // output, and the compiler would not warn that an unused locked function is never used.
+    let mut body = Group::new(Delimiter::Brace, body);
+    body.set_span(func.block.brace_token.span.join());
     quote_spanned!(Span::mixed_site()=> #(#attrs)* #vis #sig #body)
 }
 
