@@ -103,6 +103,7 @@ pub use error::LockError;
 pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL};
 pub use key::{MAX_KEY_LEN, MAX_KEYS};
 pub use lease::Lease;
+#[doc(inline)]
 pub use lockmacro::redis_lock;
 pub use options::{LockKind, LockOptions};
 #[cfg(feature = "test-util")]
