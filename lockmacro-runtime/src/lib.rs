@@ -3,16 +3,43 @@
 //! when the lease cannot be kept, and releases the lock on every exit path.
 //!
 //! ```no_run
-//! use lockmacro_runtime::{redis_lock, LockError};
+//! use lockmacro_runtime::{LockError, redis_lock};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum AppError {
+//!     #[error(transparent)]
+//!     Lock(#[from] LockError), // what `#[redis_lock]` needs: `AppError: From<LockError>`
+//! }
 //!
 //! #[redis_lock(prefix = "Business1", key = user_id, ttl = 3, max_renewals = 3)]
-//! async fn charge(user_id: u64) -> Result<u64, LockError> {
-//!     // runs only while this process holds Redis key "Business1:<user_id>"
+//! async fn charge(user_id: u64) -> Result<u64, AppError> {
+//!     // Runs only while this process holds Redis key "Business1:<user_id>".
 //!     Ok(user_id)
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), AppError> {
+//!     // The default client: `REDIS_URL`, else redis://127.0.0.1:6379.
+//!     println!("charged user {}", charge(1024).await?);
+//!     Ok(())
 //! }
 //! ```
 //!
-//! Users depend on this crate alone: it re-exports the attribute from `lockmacro`.
+//! Users depend on this crate alone: it re-exports the attribute from `lockmacro`. In
+//! `Cargo.toml`, from the repository until the crates are on crates.io:
+//!
+//! ```toml
+//! [dependencies]
+//! lockmacro-runtime = { git = "https://github.com/lockmacro/lockmacro" }
+//! # once published: lockmacro-runtime = "0.1"
+//! tokio = { version = "1", features = ["full"] }
+//! thiserror = "2"   # for your own error type, as above
+//!
+//! [dev-dependencies]
+//! # In-memory locks for tests, and tokio's paused clock.
+//! lockmacro-runtime = { git = "https://github.com/lockmacro/lockmacro", features = ["test-util"] }
+//! tokio = { version = "1", features = ["full", "test-util"] }
+//! ```
 //!
 //! | piece | where |
 //! |---|---|
@@ -25,21 +52,14 @@
 //!
 //! # Features
 //!
-//! ```toml
-//! [dependencies]
-//! lockmacro-runtime = "0.1"                                    # TLS on by default
-//! # lockmacro-runtime = { version = "0.1", features = ["axum", "metrics"] }
-//! # lockmacro-runtime = { version = "0.1", default-features = false }   # no rustls at all
-//!
-//! [dev-dependencies]
-//! lockmacro-runtime = { version = "0.1", features = ["test-util"] }   # in-memory locks for tests
-//! ```
+//! Named on the dependency line: `features = ["axum", "metrics"]`, or `default-features = false`
+//! for no rustls at all.
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `tls` | yes | `rediss://` URLs through rustls, beside whichever rustls provider the process uses |
 //! | `tls-insecure` | no | `#insecure` at the end of a `rediss://` URL turns certificate verification off (tests only); opt-in, since it turns on redis-rs's `tls-rustls-insecure` for the whole application |
-//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict (with `Retry-After` when known) when busy, 500 for the programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`), 503 otherwise |
+//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict when busy and 503 Service Unavailable when Redis fails or the lease is lost, each with `Retry-After` when a wait can be estimated; 500 for the programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`) |
 //! | `metrics` | no | counters, histograms and gauges through the `metrics` 0.24 facade |
 //! | `test-util` | no | `LockClient::in_memory`: locks in the process, for tests, under paused time too (tokio's own `test-util` feature gives `#[tokio::test(start_paused = true)]`) |
 //!
@@ -115,9 +135,4 @@ pub use store::protocol;
 /// take, whatever version of `redis` the application itself depends on.
 pub use redis;
 
-/// The README's Rust examples, compiled (and the `no_run` ones built) as doctests, so a new
-/// application copied from the README compiles. They use the `axum` and `test-util` features;
-/// `scripts/test.sh` runs the doctests with every feature.
-#[cfg(all(doctest, feature = "axum", feature = "test-util"))]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
+// README.md's examples are built as a new application copied from it, by `tests/readme.rs`.
