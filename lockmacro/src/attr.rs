@@ -846,26 +846,19 @@ mod tests {
             parse_duration("2w"),
             Err(DurationError::UnknownUnit("w".into()))
         );
-        assert_eq!(
-            parse_duration("3 s"),
-            Err(DurationError::Respell("3s".into()))
-        );
-        assert_eq!(
-            parse_duration("3S"),
-            Err(DurationError::Respell("3s".into()))
-        );
-        assert_eq!(
-            parse_duration("2d"),
-            Err(DurationError::Respell("48h".into()))
-        );
-        assert_eq!(
-            parse_duration("5 mins"),
-            Err(DurationError::Respell("5m".into()))
-        );
-        assert_eq!(
-            parse_duration("250 Milliseconds"),
-            Err(DurationError::Respell("250ms".into()))
-        );
+        for (written, instead) in [
+            ("3 s", "3s"),
+            ("3S", "3s"),
+            ("2d", "48h"),
+            ("5 mins", "5m"),
+            ("250 Milliseconds", "250ms"),
+        ] {
+            assert_eq!(
+                parse_duration(written),
+                Err(DurationError::Respell(instead.into())),
+                "{written}"
+            );
+        }
         assert_eq!(
             parse_duration("99999999999999999999ms"),
             Err(DurationError::TooLarge)
