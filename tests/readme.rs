@@ -69,17 +69,19 @@ fn file_name(heading: &str) -> String {
         .join("_")
 }
 
+/// A `toml` line without its comment; `None` when nothing is left.
+fn toml_content(line: &str) -> Option<&str> {
+    let content = line.split(" #").next().unwrap_or_default().trim();
+    (!content.is_empty() && !content.starts_with('#')).then_some(content)
+}
+
 /// The `[dependencies]` and `[dev-dependencies]` lines of every `toml` block, in order; a later
 /// line for a name already given replaces it where it stood.
 fn dependency_tables(blocks: &[Block], workspace: &Path) -> String {
     let mut tables: Vec<(String, Vec<(String, String)>)> = Vec::new();
     for block in blocks.iter().filter(|block| block.language == "toml") {
         let mut table = None;
-        for line in block.text.lines() {
-            let line = line.split(" #").next().unwrap_or_default().trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
+        for line in block.text.lines().filter_map(toml_content) {
             if line.starts_with('[') {
                 let name = line.to_owned();
                 let index = match tables.iter().position(|(known, _)| *known == name) {
@@ -253,4 +255,38 @@ fn readme_blocks_build_into_a_new_app_and_its_test_passes() {
         );
     }
     assert!(stdout.contains("test result: ok"), "{stdout}");
+}
+
+/// The rustdoc front page gives the same install lines as README.md, which the test above
+/// builds: the repository, tokio with the features the examples need, thiserror.
+#[test]
+fn the_front_pages_install_lines_are_the_readmes() {
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(workspace.join("README.md")).unwrap();
+    let front_page: String = fs::read_to_string(workspace.join("lockmacro-runtime/src/lib.rs"))
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.strip_prefix("//!"))
+        .map(|line| format!("{}\n", line.strip_prefix(' ').unwrap_or(line)))
+        .collect();
+    let install_lines = |markdown: &str| -> Vec<String> {
+        let blocks = blocks(markdown);
+        let toml = blocks.iter().filter(|block| block.language == "toml");
+        toml.flat_map(|block| block.text.lines().filter_map(toml_content))
+            .filter(|line| !line.starts_with('['))
+            .map(str::to_owned)
+            .collect()
+    };
+    let readme_lines = install_lines(&readme);
+    let front_lines = install_lines(&front_page);
+    assert!(
+        front_lines.iter().any(|line| line.contains(INSTALL_SOURCE)),
+        "the front page gives no install line from the repository: {front_lines:?}"
+    );
+    for line in &front_lines {
+        assert!(
+            readme_lines.contains(line),
+            "the front page's `{line}` is not among README.md's install lines {readme_lines:?}"
+        );
+    }
 }
