@@ -195,9 +195,11 @@ struct Page {
 
 impl Page {
     /// Why the page does not show `prefix`, if it does not: outside its scope, or too long.
+    /// `""` is the whole scope.
     fn refuse_prefix(&self, prefix: &str) -> Option<String> {
         let scope = &self.options.scope;
         let inside = scope.is_empty()
+            || prefix.is_empty()
             || scope.iter().any(|allowed| {
                 prefix == allowed
                     || prefix

@@ -139,10 +139,9 @@ pub(crate) fn table(view: &TableView<'_>, listing: &Listing) -> String {
     let holders: usize = listing.locks.iter().map(|lock| lock.holders().len()).sum();
     let waiters: usize = listing.locks.iter().map(LockInfo::waiters).sum();
     let mut out = String::with_capacity(1024 + listing.locks.len() * 512);
-    let _ = write!(
+    let _ = writeln!(
         out,
-        r#"<p id="counts"><b id="count-locks">{locks}</b> {locks_word} held · <b id="count-holders">{holders}</b> {holders_word} · <b id="count-waiters">{waiters}</b> waiting</p>
-"#,
+        r#"<p id="counts"><b id="count-locks">{locks}</b> {locks_word} held · <b id="count-holders">{holders}</b> {holders_word} · <b id="count-waiters">{waiters}</b> waiting</p>"#,
         locks = listing.locks.len(),
         locks_word = plural(listing.locks.len(), "lock", "locks"),
         holders_word = plural(holders, "holder", "holders"),
@@ -251,10 +250,12 @@ fn kind(kind: LockKind) -> String {
     }
 }
 
-/// `2.9 s`, `4 m 05 s`, `1 h 02 m`: what an operator reads at a glance.
+/// `250 ms`, `2.9 s`, `4 m 05 s`, `1 h 02 m`: what an operator reads at a glance.
 fn duration(duration: Duration) -> String {
     let seconds = duration.as_secs();
-    if seconds >= 3600 {
+    if seconds == 0 {
+        format!("{} ms", duration.as_millis())
+    } else if seconds >= 3600 {
         format!("{} h {:02} m", seconds / 3600, seconds % 3600 / 60)
     } else if seconds >= 60 {
         format!("{} m {:02} s", seconds / 60, seconds % 60)
@@ -277,6 +278,7 @@ mod tests {
 
     #[test]
     fn durations_read_at_a_glance() {
+        assert_eq!(duration(Duration::from_millis(250)), "250 ms");
         assert_eq!(duration(Duration::from_millis(2940)), "2.9 s");
         assert_eq!(duration(Duration::from_secs(42)), "42 s");
         assert_eq!(duration(Duration::from_secs(245)), "4 m 05 s");
