@@ -14,6 +14,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use common::{get, key_gone};
 use http_body_util::BodyExt;
+use lockmacro_runtime::axum::JsonLockError;
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, redis_lock};
 use testkit::RedisServer;
 use tokio::sync::oneshot;
@@ -243,8 +244,8 @@ async fn axum_409_after_a_wait_carries_retry_after_within_the_holders_lease() {
     held.release().await.unwrap();
 }
 
-/// Redis down: 503, with a body that names the lock but not the server or the OS error (those
-/// go to the log).
+/// Redis down: 503 with a `Retry-After`, and a body that names the lock but not the server or
+/// the OS error (those go to the log).
 #[tokio::test]
 async fn axum_503_hides_the_internals_of_a_redis_failure() {
     let mut server = RedisServer::start();
@@ -256,6 +257,7 @@ async fn axum_503_hides_the_internals_of_a_redis_failure() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "1");
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("borrow:9"), "the body names the key: {body}");
@@ -265,6 +267,54 @@ async fn axum_503_hides_the_internals_of_a_redis_failure() {
             "{internal:?} leaked into {body:?}"
         );
     }
+}
+
+#[redis_lock(prefix = "reserve", key = user_id, client = state.locks, ttl = 5, wait = "100ms")]
+async fn reserve_book_json(
+    State(state): State<AppState>,
+    Path(user_id): Path<u64>,
+) -> Result<Json<String>, JsonLockError> {
+    state.entered.notify_one();
+    Ok(Json(format!("book reserved for {user_id}")))
+}
+
+/// An app that answers JSON chooses JSON for the lock's errors too: the handler's error type is
+/// `JsonLockError`, and a busy lock is a 409 with a JSON body and the same `Retry-After`.
+#[tokio::test]
+async fn axum_handler_returning_json_lock_error_answers_409_as_json() {
+    let server = RedisServer::start();
+    let (state, _) = library_app(&server).await;
+    let app = Router::new()
+        .route("/users/{user_id}/reservations", post(reserve_book_json))
+        .with_state(state.clone());
+    let held = state
+        .locks
+        .acquire("reserve:6", LockOptions::new().ttl(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let response = app
+        .oneshot(
+            Request::post("/users/6/reservations")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let headers = response.headers().clone();
+    assert_eq!(
+        headers[axum::http::header::CONTENT_TYPE],
+        "application/json"
+    );
+    let retry_after = headers[axum::http::header::RETRY_AFTER].to_str().unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        format!(
+            r#"{{"error":"busy","key":"reserve:6","message":"lock `reserve:6` is held by another owner","retry_after":{retry_after}}}"#
+        )
+    );
+    held.release().await.unwrap();
 }
 
 /// An app whose Redis is down when it starts still starts (`build_lazy`), answers 503 while

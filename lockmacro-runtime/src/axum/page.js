@@ -1,5 +1,7 @@
 // The locks page's own script (no framework): refreshes the table in place while the tab is
-// visible, follows one key live over Server-Sent Events, and asks before a forced release.
+// visible (never sooner than 20 times the last listing took, so a page left open over a large
+// keyspace keeps Redis busy at most 5% of the time), follows one key live over Server-Sent
+// Events, and asks before a forced release.
 // Everything it shows from a key or a holder goes in as text (textContent), never as markup;
 // the table it swaps in is escaped by the server.
 (() => {
@@ -11,13 +13,20 @@
   const status = document.getElementById("status");
   const updated = document.getElementById("updated");
 
+  // What the status line says, and whether it is a failed refresh (cleared by the next good one).
+  let refreshFailed = false;
   function say(text, isError) {
+    refreshFailed = false;
     status.textContent = text;
     status.className = isError ? "error" : "";
   }
 
   // ---- The table and its counts, refreshed without a reload ----
   let timer = null;
+  function failed(text) {
+    say("Refreshing failed: " + text, true);
+    refreshFailed = true;
+  }
   async function refresh() {
     clearTimeout(timer);
     timer = null;
@@ -28,13 +37,21 @@
       if (response.ok) {
         locks.innerHTML = await response.text();
         updated.textContent = "· updated " + new Date().toLocaleTimeString();
+        if (refreshFailed) say("", false);
       } else {
-        say("Refreshing failed: " + response.status + " " + (await response.text()), true);
+        failed(response.status + " " + (await response.text()));
       }
     } catch (error) {
-      say("Refreshing failed: " + error, true);
+      failed(String(error));
     }
-    timer = setTimeout(refresh, refreshMs);
+    schedule();
+  }
+
+  function schedule() {
+    const counts = document.getElementById("counts");
+    const tookMs = counts ? Number(counts.dataset.tookMs) || 0 : 0;
+    clearTimeout(timer);
+    timer = setTimeout(refresh, Math.max(refreshMs, 20 * tookMs));
   }
 
   // ---- The live view of one key ----
@@ -106,5 +123,5 @@
     }
   });
   follow();
-  timer = setTimeout(refresh, refreshMs);
+  schedule();
 })();

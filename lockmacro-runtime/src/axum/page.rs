@@ -1,20 +1,5 @@
-//! The live locks page: a `Router` the application nests under its own admin path and auth
-//! layer. Routes, relative to where it is nested:
-//!
-//! | route | what |
-//! |---|---|
-//! | `GET /` | the page: the locks held (`?prefix=` filters), and the live view of `?watch=KEY` |
-//! | `GET /table?prefix=` | the table with its counts, which the page's script fetches in place |
-//! | `GET /events?key=` | [`LockClient::watch`] as Server-Sent Events |
-//! | `POST /release` | a forced release; only when enabled, from the page (see `csrf`) |
-//! | `GET /page.js`, `/page.css` | the page's own script and style, no framework |
-//!
-//! What an open page costs Redis: the script refreshes the table every `refresh_every` while
-//! its tab is visible (nothing while hidden). A refresh is one listing: `SCAN … COUNT 1000`
-//! steps until `limit` locks are found or `list_budget` runs out, each step followed by one
-//! look per lock key it returned (pipelined). A live view is one watch (one subscribed
-//! connection, a look every [`WATCH_POLL`](crate::WATCH_POLL)), closed while its tab is hidden;
-//! at most `live_views` are open at once.
+//! The live locks page: its options, routes and handlers (the module docs of `axum` describe
+//! it for users; `render` writes its HTML, `csrf` guards its one POST).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -239,13 +224,15 @@ impl Page {
             truncated: false,
             cut_short: false,
             error: None,
+            took: Duration::ZERO,
         };
         let prefixes: Vec<&str> = if !prefix.is_empty() || self.options.scope.is_empty() {
             vec![prefix]
         } else {
             self.options.scope.iter().map(String::as_str).collect()
         };
-        let deadline = Instant::now() + self.options.list_budget;
+        let began = Instant::now();
+        let deadline = began + self.options.list_budget;
         'prefixes: for prefix in prefixes {
             let mut found: LockStream<LockInfo> = self.options.client.list(prefix);
             loop {
@@ -270,6 +257,7 @@ impl Page {
             }
         }
         listing.locks.sort_by(|a, b| a.key().cmp(b.key()));
+        listing.took = began.elapsed();
         listing
     }
 
@@ -317,6 +305,7 @@ async fn index(
             truncated: false,
             cut_short: false,
             error: Some(reason),
+            took: Duration::ZERO,
         },
         None => page.list(prefix).await,
     };

@@ -17,6 +17,8 @@ pub(crate) struct Listing {
     pub(crate) cut_short: bool,
     /// Why listing stopped early, when Redis failed.
     pub(crate) error: Option<String>,
+    /// How long the listing took, which the page's script spaces its refreshes by.
+    pub(crate) took: Duration,
 }
 
 /// What the table shows besides the locks.
@@ -141,7 +143,8 @@ pub(crate) fn table(view: &TableView<'_>, listing: &Listing) -> String {
     let mut out = String::with_capacity(1024 + listing.locks.len() * 512);
     let _ = writeln!(
         out,
-        r#"<p id="counts"><b id="count-locks">{locks}</b> {locks_word} held · <b id="count-holders">{holders}</b> {holders_word} · <b id="count-waiters">{waiters}</b> waiting</p>"#,
+        r#"<p id="counts" data-took-ms="{took}"><b id="count-locks">{locks}</b> {locks_word} held · <b id="count-holders">{holders}</b> {holders_word} · <b id="count-waiters">{waiters}</b> waiting</p>"#,
+        took = listing.took.as_millis(),
         locks = listing.locks.len(),
         locks_word = plural(listing.locks.len(), "lock", "locks"),
         holders_word = plural(holders, "holder", "holders"),
