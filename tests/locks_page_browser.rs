@@ -125,14 +125,30 @@ where
     loop {
         match check().await {
             Ok(Some(found)) => return found,
-            // The table is replaced at each refresh: an element found a moment ago may be gone.
             Ok(None) => {}
+            // The table is replaced at each refresh: an element found a moment ago may be gone.
             Err(error) if error.is_stale_element_reference() => {}
             Err(error) => panic!("{what}: {error}"),
         }
         assert!(Instant::now() < deadline, "not within 20 s: {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until the first element matching `css` shows a text `wanted` accepts; returns it.
+async fn until_text(browser: &Client, css: &str, wanted: impl Fn(&str) -> bool) -> String {
+    until(css, || async {
+        Ok(text_of(browser, css).await?.filter(|text| wanted(text)))
+    })
+    .await
+}
+
+/// Waits until nothing matches `css`.
+async fn until_gone(browser: &Client, css: &str) {
+    until(&format!("{css} gone"), || async {
+        Ok(text_of(browser, css).await?.is_none().then_some(()))
+    })
+    .await
 }
 
 /// The text of the first element matching `css`, if there is one.
@@ -142,6 +158,15 @@ async fn text_of(browser: &Client, css: &str) -> Result<Option<String>, CmdError
         Err(error) if error.is_no_such_element() => Ok(None),
         Err(error) => Err(error),
     }
+}
+
+/// Whether `expression` is true in the page.
+async fn script_is_true(browser: &Client, expression: &str) -> bool {
+    let value = browser
+        .execute(&format!("return {expression}"), vec![])
+        .await
+        .unwrap();
+    value == json!(true)
 }
 
 fn row(key: &str) -> String {
@@ -198,20 +223,12 @@ async fn the_locks_page_in_chromium() {
         .goto(&format!("http://{address}/admin/locks?watch=orders:2"))
         .await
         .unwrap();
-    let kind = until("the orders:1 row", || async {
-        text_of(&browser, &format!("{} td:nth-child(2)", row("orders:1"))).await
-    })
-    .await;
+    let orders_1 = row("orders:1");
+    let kind = until_text(&browser, &format!("{orders_1} td:nth-child(2)"), |_| true).await;
     assert_eq!(kind, "exclusive");
-    let holders = text_of(&browser, &format!("{} .holders", row("orders:1")))
-        .await
-        .unwrap()
-        .unwrap();
+    let holders = until_text(&browser, &format!("{orders_1} .holders"), |_| true).await;
     assert!(holders.contains(&format!("{}…", hint(&order))), "{holders}");
-    let fencing = text_of(&browser, &format!("{} td:nth-child(5)", row("orders:1")))
-        .await
-        .unwrap()
-        .unwrap();
+    let fencing = until_text(&browser, &format!("{orders_1} td:nth-child(5)"), |_| true).await;
     assert_eq!(fencing, order.fencing_token().unwrap().to_string());
     let readers_shown = browser
         .find_all(Locator::Css(&format!("{} .holders li", row("reports:q3"))))
@@ -220,90 +237,55 @@ async fn the_locks_page_in_chromium() {
     assert_eq!(readers_shown.len(), 2);
 
     // The key with markup is text on the page, and nothing of it ran.
-    let shown = until("the key with markup", || async {
-        text_of(&browser, "tr td.key a[href*='users']").await
-    })
-    .await;
+    let shown = until_text(&browser, "tr td.key a[href*='users']", |_| true).await;
     assert_eq!(shown, markup);
-    let pwned = browser
-        .execute("return window.pwned === undefined", vec![])
-        .await
-        .unwrap();
-    assert_eq!(pwned, json!(true), "the key's markup ran");
+    assert!(
+        script_is_true(&browser, "window.pwned === undefined").await,
+        "the key's markup ran"
+    );
 
     // The waiter in the other client is counted.
-    until("one waiter on jobs:nightly", || async {
-        let waiters = text_of(&browser, &format!("{} td.waiters", row("jobs:nightly"))).await?;
-        Ok(waiters.filter(|count| count == "1"))
-    })
-    .await;
+    let waiters = format!("{} td.waiters", row("jobs:nightly"));
+    until_text(&browser, &waiters, |count| count == "1").await;
 
     // Rows and counts change without a reload: a mark set in the page survives them.
     browser
         .execute("window.notReloaded = true", vec![])
         .await
         .unwrap();
-    let before: usize = text_of(&browser, "#count-locks")
+    let before: usize = until_text(&browser, "#count-locks", |_| true)
         .await
-        .unwrap()
-        .unwrap()
         .parse()
         .unwrap();
     let extra = client.acquire("orders:3", held()).await.unwrap();
-    until("the orders:3 row appears", || async {
-        text_of(&browser, &row("orders:3")).await
-    })
-    .await;
-    until("the count goes up", || async {
-        let count = text_of(&browser, "#count-locks").await?;
-        Ok(count.filter(|count| *count == (before + 1).to_string()))
-    })
-    .await;
+    until_text(&browser, &row("orders:3"), |_| true).await;
+    let after = (before + 1).to_string();
+    until_text(&browser, "#count-locks", |count| count == after).await;
     extra.release().await.unwrap();
-    until("the orders:3 row goes", || async {
-        Ok(text_of(&browser, &row("orders:3"))
-            .await?
-            .is_none()
-            .then_some(()))
-    })
-    .await;
-    let kept = browser
-        .execute("return window.notReloaded === true", vec![])
-        .await
-        .unwrap();
-    assert_eq!(kept, json!(true), "the page reloaded");
+    until_gone(&browser, &row("orders:3")).await;
+    assert!(
+        script_is_true(&browser, "window.notReloaded === true").await,
+        "the page reloaded"
+    );
 
     // The live view of orders:2 shows it acquired, then released.
-    until("the live view connects", || async {
-        Ok(text_of(&browser, "#live-state")
-            .await?
-            .filter(|state| state == "live"))
-    })
-    .await;
+    until_text(&browser, "#live-state", |state| state == "live").await;
     let followed = client.acquire("orders:2", held()).await.unwrap();
     let acquired = format!("acquired by {}…", hint(&followed));
-    until("acquired in the live view", || async {
-        Ok(text_of(&browser, "#events li.acquired")
-            .await?
-            .filter(|line| line.ends_with(&acquired)))
+    until_text(&browser, "#events li.acquired", |line| {
+        line.ends_with(&acquired)
     })
     .await;
     followed.release().await.unwrap();
-    until("released in the live view", || async {
-        text_of(&browser, "#events li.released").await
-    })
-    .await;
+    until_text(&browser, "#events li.released", |_| true).await;
     // Held again for the picture: the live view shows a whole hold and a new one.
     let followed = client.acquire("orders:2", held()).await.unwrap();
-    until("acquired again", || async {
-        let lines = browser.find_all(Locator::Css("#events li")).await?;
-        Ok((lines.len() >= 3).then_some(()))
+    let acquired = format!("acquired by {}…", hint(&followed));
+    until_text(&browser, "#events li:first-child", |line| {
+        line.ends_with(&acquired)
     })
     .await;
-    until("orders:2 listed", || async {
-        text_of(&browser, &row("orders:2")).await
-    })
-    .await;
+    until_text(&browser, &row("orders:2"), |_| true).await;
     let screenshot = browser.screenshot().await.unwrap();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -314,7 +296,7 @@ async fn the_locks_page_in_chromium() {
     eprintln!("screenshot: {}", picture.display());
 
     // A forced release asks first, naming the holder; declined, nothing happens.
-    let release_button = format!("{} button.release", row("orders:1"));
+    let release_button = format!("{orders_1} button.release");
     let question = click_and_read_the_question(&browser, &release_button).await;
     assert!(
         question.contains("orders:1") && question.contains(&format!("token {}…", hint(&order))),
@@ -325,31 +307,17 @@ async fn the_locks_page_in_chromium() {
     // Accepted, it releases, and the row goes.
     click_and_read_the_question(&browser, &release_button).await;
     browser.accept_alert().await.unwrap();
-    let said = until("the release is reported", || async {
-        Ok(text_of(&browser, "#status")
-            .await?
-            .filter(|status| !status.is_empty()))
-    })
-    .await;
+    let said = until_text(&browser, "#status", |status| !status.is_empty()).await;
     assert!(said.starts_with("released `orders:1`"), "{said}");
     assert!(client.inspect("orders:1").await.unwrap().is_none());
-    until("the orders:1 row goes", || async {
-        Ok(text_of(&browser, &row("orders:1"))
-            .await?
-            .is_none()
-            .then_some(()))
-    })
-    .await;
+    until_gone(&browser, &orders_1).await;
 
     // Read-only, the same locks show with nothing to release.
     browser
         .goto(&format!("http://{address}/readonly/locks"))
         .await
         .unwrap();
-    until("the read-only page lists", || async {
-        text_of(&browser, &row("jobs:nightly")).await
-    })
-    .await;
+    until_text(&browser, &row("jobs:nightly"), |_| true).await;
     let buttons = browser
         .find_all(Locator::Css("button.release"))
         .await
