@@ -328,6 +328,30 @@ async fn forced_release_needs_the_pages_token_its_origin_and_the_confirmed_holde
         StatusCode::CONFLICT,
         "nothing left to release"
     );
+
+    // A shared lock's holders are confirmed as a set: their order changes as they renew.
+    let _readers = [
+        client.acquire("orders:10", held(30).read()).await.unwrap(),
+        client.acquire("orders:10", held(30).read()).await.unwrap(),
+    ];
+    let shown = client.inspect("orders:10").await.unwrap().unwrap();
+    let mut confirmed: Vec<&str> = shown.holders().iter().map(|h| h.token_hint()).collect();
+    confirmed.reverse();
+    let confirmed = confirmed.join(",");
+    let released = send(
+        &app,
+        release_request(
+            Some(&cookie),
+            &[
+                ("key", "orders:10"),
+                ("holders", &confirmed),
+                ("csrf", &token),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    assert!(client.inspect("orders:10").await.unwrap().is_none());
     drop(lease);
 }
 

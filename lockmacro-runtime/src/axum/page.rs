@@ -20,7 +20,7 @@ use super::csrf;
 use super::escape::json_string;
 use super::render::{self, Listing, PageView, TableView};
 use crate::key::check_key;
-use crate::{LockClient, LockEvent, LockInfo, LockStream};
+use crate::{Holder, LockClient, LockEvent, LockInfo, LockStream};
 
 /// The page's script and style, served from the crate: no build step, no framework.
 const SCRIPT: &str = include_str!("page.js");
@@ -428,15 +428,14 @@ async fn release(State(page): State<Arc<Page>>, headers: HeaderMap, body: Bytes)
         }
         Err(error) => return text(StatusCode::SERVICE_UNAVAILABLE, error.to_string()),
     };
-    let holders = lock
-        .holders()
-        .iter()
-        .map(|holder| holder.token_hint())
-        .collect::<Vec<_>>()
-        .join(",");
+    // As sets: the order of a shared lock's holders changes as their leases are renewed.
+    let mut holders: Vec<&str> = lock.holders().iter().map(Holder::token_hint).collect();
+    let mut confirmed: Vec<&str> = form.get("holders").split(',').collect();
+    holders.sort_unstable();
+    confirmed.sort_unstable();
     let named: Vec<String> = lock.holders().iter().map(render::holder_label).collect();
     let named = named.join("; ");
-    if holders != form.get("holders") {
+    if holders != confirmed {
         return text(
             StatusCode::CONFLICT,
             format!(
