@@ -179,26 +179,30 @@ struct Page {
 }
 
 impl Page {
-    /// Why the page does not show `prefix`, if it does not: outside its scope, or too long.
-    /// `""` is the whole scope.
-    fn refuse_prefix(&self, prefix: &str) -> Option<String> {
+    /// Whether `name` (a key, or a prefix of keys) lies under one of the page's prefixes.
+    fn under_scope(&self, name: &str) -> bool {
         let scope = &self.options.scope;
-        let inside = scope.is_empty()
-            || prefix.is_empty()
+        scope.is_empty()
             || scope.iter().any(|allowed| {
-                prefix == allowed
-                    || prefix
-                        .strip_prefix(allowed.as_str())
-                        .is_some_and(|rest| rest.starts_with(':'))
-            });
-        if !inside {
+                name.strip_prefix(allowed.as_str())
+                    .is_some_and(|rest| rest.starts_with(':'))
+            })
+    }
+
+    /// Why the page does not list the locks under `prefix`, if it does not: outside its scope,
+    /// or too long. `""` is the whole scope.
+    fn refuse_prefix(&self, prefix: &str) -> Option<String> {
+        if prefix.is_empty() {
+            return None;
+        }
+        if !self.options.scope.iter().any(|allowed| allowed == prefix) && !self.under_scope(prefix)
+        {
             return Some(format!(
                 "the prefix `{prefix}` is outside this page's scope"
             ));
         }
-        (!prefix.is_empty())
-            .then(|| check_key(prefix.to_owned()).err())
-            .flatten()
+        check_key(prefix.to_owned())
+            .err()
             .map(|error| error.to_string())
     }
 
@@ -207,13 +211,7 @@ impl Page {
         if let Err(error) = check_key(key.to_owned()) {
             return Some(error.to_string());
         }
-        let scope = &self.options.scope;
-        let inside = scope.is_empty()
-            || scope.iter().any(|allowed| {
-                key.strip_prefix(allowed.as_str())
-                    .is_some_and(|rest| rest.starts_with(':'))
-            });
-        (!inside).then(|| format!("the key `{key}` is outside this page's scope"))
+        (!self.under_scope(key)).then(|| format!("the key `{key}` is outside this page's scope"))
     }
 
     /// The locks under `prefix` (every prefix of the scope when empty), at most `limit`, in
