@@ -9,14 +9,24 @@
 //! On SIGTERM (or Ctrl-C) it shuts down gracefully: the lock client first (work still holding a
 //! lock is cancelled with a 503 and every lock released at once, instead of staying held for its
 //! ttl), then the server.
+//!
+//! With `ADMIN_AUTHORIZATION` set, the live locks page is at
+//! <http://127.0.0.1:3000/admin/locks>, behind the app's own auth layer (here HTTP Basic: set
+//! it to `Basic $(printf admin:secret | base64)`, and the browser asks for `admin` / `secret`).
+//! It lists the `borrow` locks with their holders and waiters, follows one live, and can
+//! force-release one after a confirmation. Without it, there is no admin route at all.
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use lockmacro_runtime::axum::locks_page;
 use lockmacro_runtime::{LockClient, LockError, redis_lock};
 
 #[derive(Clone)]
@@ -57,10 +67,43 @@ async fn borrow_book(
     Ok(Json(format!("book lent to user {user_id}")))
 }
 
-fn app(state: AppState) -> Router {
-    Router::new()
+/// The application's routes; the locks page under `/admin` when `admin_authorization` (the
+/// `Authorization` header an operator must send) is given.
+fn app(state: AppState, admin_authorization: Option<String>) -> Router {
+    let app = Router::new()
         .route("/users/{user_id}/books", post(borrow_book))
-        .with_state(state)
+        .with_state(state.clone());
+    let Some(expected) = admin_authorization else {
+        return app;
+    };
+    let admin = Router::new()
+        .nest(
+            "/locks",
+            locks_page(state.locks)
+                .prefixes(["borrow"])
+                .force_release(true)
+                .router(),
+        )
+        // The page checks no credentials itself: the app's auth layer guards every route of it.
+        .layer(middleware::from_fn_with_state(
+            Arc::<str>::from(expected),
+            admins_only,
+        ));
+    app.nest("/admin", admin)
+}
+
+/// The app's own auth check, here HTTP Basic against one expected header (a real app uses its
+/// sessions or its identity provider). A browser asks for the password on the 401.
+async fn admins_only(State(expected): State<Arc<str>>, request: Request, next: Next) -> Response {
+    let given = request.headers().get(header::AUTHORIZATION);
+    if given.is_some_and(|given| given.as_bytes() == expected.as_bytes()) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, r#"Basic realm="admin""#)],
+    )
+        .into_response()
 }
 
 #[tokio::main]
@@ -72,9 +115,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let state = AppState {
         locks: locks.clone(),
     };
+    let admin_authorization = std::env::var("ADMIN_AUTHORIZATION").ok();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app(state))
+    if admin_authorization.is_some() {
+        println!("locks page: http://{}/admin/locks", listener.local_addr()?);
+    }
+    axum::serve(listener, app(state, admin_authorization))
         .with_graceful_shutdown(async move {
             terminated().await;
             // Before the server waits for its requests: the locked ones end now, their locks

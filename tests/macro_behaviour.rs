@@ -14,6 +14,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use common::{get, key_gone};
 use http_body_util::BodyExt;
+use lockmacro_runtime::axum::JsonLockError;
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, redis_lock};
 use testkit::RedisServer;
 use tokio::sync::oneshot;
@@ -202,23 +203,33 @@ async fn axum_handler_dropped_by_a_hung_up_client_releases_the_lock() {
     key_gone(&server, "borrow:7", Duration::from_secs(2)).await;
 }
 
+/// Answers its lock's errors in the form `E` gives them: text (`LockError`) or JSON
+/// (`JsonLockError`).
 #[redis_lock(prefix = "reserve", key = user_id, client = state.locks, ttl = 5, wait = "100ms")]
-async fn reserve_book(
+async fn reserve_book<E: From<LockError>>(
     State(state): State<AppState>,
     Path(user_id): Path<u64>,
-) -> Result<Json<String>, LockError> {
+) -> Result<Json<String>, E> {
     state.entered.notify_one();
     Ok(Json(format!("book reserved for {user_id}")))
 }
 
 /// A request that waited for a busy lock learned how long its holder has left: the 409 says
-/// when to come back.
+/// when to come back. An app that answers JSON chooses JSON for the lock's errors too (the
+/// handler's error type is `JsonLockError`): the same 409 and `Retry-After`, a JSON body.
 #[tokio::test]
 async fn axum_409_after_a_wait_carries_retry_after_within_the_holders_lease() {
     let server = RedisServer::start();
     let (state, _) = library_app(&server).await;
     let app = Router::new()
-        .route("/users/{user_id}/reservations", post(reserve_book))
+        .route(
+            "/users/{user_id}/reservations",
+            post(reserve_book::<LockError>),
+        )
+        .route(
+            "/json/users/{user_id}/reservations",
+            post(reserve_book::<JsonLockError>),
+        )
         .with_state(state.clone());
     let held = state
         .locks
@@ -226,6 +237,7 @@ async fn axum_409_after_a_wait_carries_retry_after_within_the_holders_lease() {
         .await
         .unwrap();
     let response = app
+        .clone()
         .oneshot(
             Request::post("/users/5/reservations")
                 .body(Body::empty())
@@ -240,11 +252,34 @@ async fn axum_409_after_a_wait_carries_retry_after_within_the_holders_lease() {
         .parse()
         .unwrap();
     assert!((1..=5).contains(&retry_after), "Retry-After: {retry_after}");
+
+    let response = app
+        .oneshot(
+            Request::post("/json/users/5/reservations")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let headers = response.headers().clone();
+    assert_eq!(
+        headers[axum::http::header::CONTENT_TYPE],
+        "application/json"
+    );
+    let retry_after = headers[axum::http::header::RETRY_AFTER].to_str().unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        format!(
+            r#"{{"error":"busy","key":"reserve:5","message":"lock `reserve:5` is held by another owner","retry_after":{retry_after}}}"#
+        )
+    );
     held.release().await.unwrap();
 }
 
-/// Redis down: 503, with a body that names the lock but not the server or the OS error (those
-/// go to the log).
+/// Redis down: 503 with a `Retry-After`, and a body that names the lock but not the server or
+/// the OS error (those go to the log).
 #[tokio::test]
 async fn axum_503_hides_the_internals_of_a_redis_failure() {
     let mut server = RedisServer::start();
@@ -256,6 +291,7 @@ async fn axum_503_hides_the_internals_of_a_redis_failure() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "1");
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("borrow:9"), "the body names the key: {body}");

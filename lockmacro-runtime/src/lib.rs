@@ -47,7 +47,7 @@
 //! | the client: connections and one watchdog thread | [`LockClient`], [`set_default_client`] |
 //! | the programmatic API | [`LockClient::run_locked`], [`LockClient::acquire`], [`Lease`]; several keys at once: [`LockClient::run_locked_many`], [`LockClient::acquire_many`] |
 //! | inside locked work | [`LockContext`] |
-//! | inspecting and managing locks | [`LockClient::inspect`], [`LockClient::list`], [`LockClient::force_release`], [`LockClient::watch`] |
+//! | inspecting and managing locks | [`LockClient::inspect`], [`LockClient::list`], [`LockClient::force_release`], [`LockClient::watch`]; a live locks page to mount in an axum app: `axum::locks_page` (feature `axum`) |
 //! | errors | [`LockError`] |
 //!
 //! # Features
@@ -59,7 +59,7 @@
 //! |---|---|---|
 //! | `tls` | yes | `rediss://` URLs through rustls, beside whichever rustls provider the process uses |
 //! | `tls-insecure` | no | `#insecure` at the end of a `rediss://` URL turns certificate verification off (tests only); opt-in, since it turns on redis-rs's `tls-rustls-insecure` for the whole application |
-//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict when busy and 503 Service Unavailable when Redis fails or the lease is lost, each with `Retry-After` when a wait can be estimated; 500 for the programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`) |
+//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict (with `Retry-After` when known) when busy, 500 for the programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`), 503 with `Retry-After` otherwise; the same as JSON (`axum::JsonLockError`) or in a body of the app's own (`axum::LockErrorResponse`); the live locks page, a `Router` to mount (`axum::locks_page`) |
 //! | `metrics` | no | counters, histograms and gauges through the `metrics` 0.24 facade |
 //! | `test-util` | no | `LockClient::in_memory`: locks in the process, for tests, under paused time too (tokio's own `test-util` feature gives `#[tokio::test(start_paused = true)]`) |
 //!
@@ -106,7 +106,8 @@ mod inspect;
 mod lease;
 
 #[cfg(feature = "axum")]
-mod axum;
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod axum;
 
 #[doc(hidden)]
 pub mod __private;

@@ -1,0 +1,570 @@
+//! The live locks page (`lockmacro_runtime::axum::locks_page`) over plain HTTP, against a real
+//! redis-server: what it lists and how it escapes it, what it refuses (keys outside its scope,
+//! forced releases unless enabled, forged or stale requests), and the work it bounds. The
+//! browser test (`tests/locks_page_browser.rs`) drives the same page in headless Chromium.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use lockmacro_runtime::axum::{LocksPage, locks_page};
+use lockmacro_runtime::{LockClient, LockOptions};
+use testkit::{Deployment, SingleRedis};
+use tower::ServiceExt;
+
+/// The page nested where an application would put it.
+fn mounted(page: LocksPage) -> Router {
+    Router::new().nest("/admin/locks", page.router())
+}
+
+fn held(ttl_s: u64) -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(ttl_s))
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+async fn send(app: &Router, request: Request<Body>) -> Answer {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+async fn get(app: &Router, uri: &str) -> Answer {
+    send(app, Request::get(uri).body(Body::empty()).unwrap()).await
+}
+
+/// A forced release as the page's script sends it, from the page's origin.
+fn release_request(cookie: Option<&str>, form: &[(&str, &str)]) -> Request<Body> {
+    let body: String = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form)
+        .finish();
+    let mut request = Request::post("/admin/locks/release")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header("sec-fetch-site", "same-origin");
+    if let Some(cookie) = cookie {
+        request = request.header(header::COOKIE, cookie);
+    }
+    request.body(Body::from(body)).unwrap()
+}
+
+/// The page's token, from the cookie it sets and the attribute it renders (the two agree).
+fn token_of(page: &Answer) -> String {
+    let set_cookie = page.headers[header::SET_COOKIE].to_str().unwrap();
+    let token = set_cookie
+        .strip_prefix("lockmacro_locks_csrf=")
+        .and_then(|rest| rest.split(';').next())
+        .unwrap()
+        .to_owned();
+    assert!(
+        page.body.contains(&format!(r#"data-csrf="{token}""#)),
+        "the page renders its cookie's token"
+    );
+    token
+}
+
+#[tokio::test]
+async fn lists_the_locks_held_with_kind_holder_time_left_fencing_token_and_counts() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let app = mounted(locks_page(client.clone()));
+    let first = client
+        .acquire("orders:1", held(30).fencing(true))
+        .await
+        .unwrap();
+    let readers = [
+        client.acquire("reports:q3", held(30).read()).await.unwrap(),
+        client.acquire("reports:q3", held(30).read()).await.unwrap(),
+    ];
+
+    let page = get(&app, "/admin/locks").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert_eq!(
+        page.headers[header::CONTENT_TYPE],
+        "text/html; charset=utf-8"
+    );
+    let fencing = first.fencing_token().unwrap();
+    let row = row_of(&page.body, "orders:1");
+    assert!(row.contains("<td>exclusive</td>"), "{row}");
+    assert!(row.contains(&format!("{}…", &first.token()[..4])), "{row}");
+    assert!(row.contains(&format!("<td>{fencing}</td>")), "{row}");
+    assert!(row.contains(" s</td>"), "time left: {row}");
+    let shared = row_of(&page.body, "reports:q3");
+    assert!(shared.contains("<td>read</td>"), "{shared}");
+    assert_eq!(shared.matches("<li>").count(), 2, "two readers: {shared}");
+    assert!(
+        page.body
+            .contains(r#"<b id="count-locks">2</b> locks held"#)
+    );
+    assert!(page.body.contains(r#"<b id="count-holders">3</b> holders"#));
+    // Read-only unless enabled: nothing to release, no token.
+    assert!(!page.body.contains("Force release"));
+    assert!(!page.body.contains("data-csrf"));
+    assert!(page.headers.get(header::SET_COOKIE).is_none());
+
+    first.release().await.unwrap();
+    let table = get(&app, "/admin/locks/table").await;
+    assert!(
+        !table.body.contains(r#"data-key="orders:1""#),
+        "released: gone"
+    );
+    assert!(
+        table
+            .body
+            .contains(r#"<b id="count-locks">1</b> lock held"#)
+    );
+    let filtered = get(&app, "/admin/locks/table?prefix=orders").await;
+    assert!(
+        filtered
+            .body
+            .contains("No locks held under <code>orders:</code>.")
+    );
+    for reader in readers {
+        reader.release().await.unwrap();
+    }
+}
+
+/// The `<tr>` of `key` (which must be plain text) in a rendered table.
+fn row_of<'a>(html: &'a str, key: &str) -> &'a str {
+    let start = html
+        .find(&format!(r#"<tr data-key="{key}">"#))
+        .unwrap_or_else(|| panic!("no row for {key} in {html}"));
+    let end = start + html[start..].find("</tr>").unwrap();
+    &html[start..end]
+}
+
+#[tokio::test]
+async fn a_waiter_in_another_process_is_counted() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let app = mounted(locks_page(client.clone()));
+    let holder = client.acquire("jobs:nightly", held(30)).await.unwrap();
+    let other = redis.another_client().await;
+    let waiting = tokio::spawn(async move {
+        other
+            .acquire("jobs:nightly", held(30).wait(Duration::from_secs(30)))
+            .await
+    });
+    redis.waiter_subscribed("jobs:nightly").await;
+
+    let table = get(&app, "/admin/locks/table").await;
+    let row = row_of(&table.body, "jobs:nightly");
+    assert!(row.contains(r#"<td class="waiters">1</td>"#), "{row}");
+    assert!(
+        table
+            .body
+            .contains(r#"<b id="count-waiters">1</b> waiting"#)
+    );
+
+    holder.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// Keys are user data: a key holding markup is shown as text everywhere the page shows it,
+/// and the page's policy would not run an inline script anyway.
+#[tokio::test]
+async fn keys_are_escaped_everywhere_the_page_shows_them() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let app = mounted(locks_page(client.clone()).force_release(true));
+    let key = r#"x:<script>alert("pwned")</script>&'"#;
+    let lease = client.acquire(key, held(30)).await.unwrap();
+    let escaped = "x:&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt;&amp;&#39;";
+    let watch = format!("/admin/locks?prefix=x&watch={}", encode(key));
+
+    let page = get(&app, &watch).await;
+    assert!(!page.body.contains("<script>alert"), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"<tr data-key="{escaped}">"#)));
+    assert!(
+        page.body.contains(&format!(">{escaped}</a>")),
+        "the key's link text"
+    );
+    assert!(
+        page.body
+            .contains(&format!(r#"<section id="live" data-key="{escaped}">"#)),
+        "the live view"
+    );
+    assert!(
+        page.body
+            .contains(&format!(r#"data-key="{escaped}" data-holders="#)),
+        "the release button"
+    );
+    let filtered = get(&app, &format!("/admin/locks?prefix={}", encode("<b>x"))).await;
+    assert!(!filtered.body.contains("<b>x"), "{}", filtered.body);
+    assert!(
+        filtered.body.contains(r#"value="&lt;b&gt;x""#),
+        "the filter's value"
+    );
+    assert!(
+        filtered
+            .body
+            .contains("No locks held under <code>&lt;b&gt;x:</code>.")
+    );
+    let policy = page.headers[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap();
+    assert!(policy.contains("script-src 'self'") && policy.contains("frame-ancestors 'none'"));
+    lease.release().await.unwrap();
+}
+
+fn encode(value: &str) -> String {
+    url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+#[tokio::test]
+async fn read_only_by_default_has_no_release_route() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let app = mounted(locks_page(client.clone()));
+    let lease = client.acquire("orders:7", held(30)).await.unwrap();
+    let page = get(&app, "/admin/locks").await;
+    assert!(page.body.contains("read-only"));
+    let hint = &lease.token()[..4];
+    let cookie = "lockmacro_locks_csrf=0123456789abcdef0123456789abcdef";
+    let refused = send(
+        &app,
+        release_request(
+            Some(cookie),
+            &[
+                ("key", "orders:7"),
+                ("holders", hint),
+                ("csrf", "0123456789abcdef0123456789abcdef"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    assert!(
+        client.inspect("orders:7").await.unwrap().is_some(),
+        "still held"
+    );
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn forced_release_needs_the_pages_token_its_origin_and_the_confirmed_holder() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let app = mounted(locks_page(client.clone()).force_release(true));
+    let lease = client.acquire("orders:9", held(30)).await.unwrap();
+    let hint = lease.token()[..4].to_owned();
+
+    let page = get(&app, "/admin/locks").await;
+    assert!(page.body.contains("forced release enabled"));
+    let token = token_of(&page);
+    let cookie = format!("lockmacro_locks_csrf={token}");
+    let row = row_of(&page.body, "orders:9");
+    assert!(
+        row.contains(&format!(
+            r#"data-holders="{hint}" data-holder-label="token {hint}… ("#
+        )),
+        "the confirmation names the holder: {row}"
+    );
+    let release = |cookie: Option<&str>, holders: &str, csrf: &str| {
+        send(
+            &app,
+            release_request(
+                cookie,
+                &[("key", "orders:9"), ("holders", holders), ("csrf", csrf)],
+            ),
+        )
+    };
+
+    // No cookie (another browser, or a forged form): refused.
+    let refused = release(None, &hint, &token).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    // The cookie without the page's token, or with another one: refused.
+    let refused = release(Some(&cookie), &hint, "").await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    let refused = release(Some(&cookie), &hint, "ffffffffffffffffffffffffffffffff").await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    // From another site, even with the right cookie and token: refused.
+    for site in ["cross-site", "same-site"] {
+        let mut request = release_request(
+            Some(&cookie),
+            &[("key", "orders:9"), ("holders", &hint), ("csrf", &token)],
+        );
+        request
+            .headers_mut()
+            .insert("sec-fetch-site", site.parse().unwrap());
+        let refused = send(&app, request).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{site}");
+    }
+    // Confirmed for another holder: refused, and the answer says who holds it now.
+    let refused = release(Some(&cookie), "zzzz", &token).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert!(
+        refused.body.contains(&format!("held by token {hint}…")),
+        "{}",
+        refused.body
+    );
+    assert!(
+        client.inspect("orders:9").await.unwrap().is_some(),
+        "still held"
+    );
+
+    let released = release(Some(&cookie), &hint, &token).await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    assert!(
+        released
+            .body
+            .contains(&format!("released `orders:9` (held by token {hint}…"))
+    );
+    assert!(client.inspect("orders:9").await.unwrap().is_none());
+    let again = release(Some(&cookie), &hint, &token).await;
+    assert_eq!(
+        again.status,
+        StatusCode::CONFLICT,
+        "nothing left to release"
+    );
+
+    // A shared lock's holders are confirmed as a set: their order changes as they renew.
+    let _readers = [
+        client.acquire("orders:10", held(30).read()).await.unwrap(),
+        client.acquire("orders:10", held(30).read()).await.unwrap(),
+    ];
+    let shown = client.inspect("orders:10").await.unwrap().unwrap();
+    let mut confirmed: Vec<&str> = shown.holders().iter().map(|h| h.token_hint()).collect();
+    confirmed.reverse();
+    let confirmed = confirmed.join(",");
+    let released = send(
+        &app,
+        release_request(
+            Some(&cookie),
+            &[
+                ("key", "orders:10"),
+                ("holders", &confirmed),
+                ("csrf", &token),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    assert!(client.inspect("orders:10").await.unwrap().is_none());
+    drop(lease);
+}
+
+/// A page limited to some prefixes lists, follows and releases nothing else, whatever the
+/// request asks.
+#[tokio::test]
+async fn never_shows_or_releases_a_key_outside_its_scope() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let app = mounted(
+        locks_page(client.clone())
+            .prefixes(["orders", "tenant:7"])
+            .force_release(true),
+    );
+    let leases = [
+        client.acquire("orders:1", held(30)).await.unwrap(),
+        client.acquire("tenant:7:report", held(30)).await.unwrap(),
+        client.acquire("payroll:1", held(30)).await.unwrap(),
+        client.acquire("tenant:77:report", held(30)).await.unwrap(),
+        client.acquire("ordersx:1", held(30)).await.unwrap(),
+    ];
+
+    let page = get(&app, "/admin/locks").await;
+    assert!(page.body.contains(r#"data-key="orders:1""#));
+    assert!(page.body.contains(r#"data-key="tenant:7:report""#));
+    for outside in ["payroll:1", "tenant:77:report", "ordersx:1"] {
+        assert!(!page.body.contains(outside), "{outside} listed");
+    }
+    assert!(page.body.contains(r#"<b id="count-locks">2</b>"#));
+
+    for prefix in ["payroll", "tenant", "order"] {
+        let table = get(&app, &format!("/admin/locks/table?prefix={prefix}")).await;
+        assert_eq!(table.status, StatusCode::FORBIDDEN, "{prefix}");
+        let page = get(&app, &format!("/admin/locks?prefix={prefix}")).await;
+        assert!(
+            page.body.contains("outside this page&#39;s scope"),
+            "{prefix}"
+        );
+        assert!(!page.body.contains("payroll:1"), "{prefix}");
+    }
+    let inside = get(&app, "/admin/locks/table?prefix=tenant:7").await;
+    assert!(inside.body.contains(r#"data-key="tenant:7:report""#));
+
+    let events = get(&app, "/admin/locks/events?key=payroll:1").await;
+    assert_eq!(events.status, StatusCode::FORBIDDEN);
+    let page = get(&app, "/admin/locks?watch=payroll:1").await;
+    assert!(!page.body.contains(r#"data-key="payroll:1""#));
+
+    let page = get(&app, "/admin/locks").await;
+    let token = token_of(&page);
+    let hint = &leases[2].token()[..4];
+    let refused = send(
+        &app,
+        release_request(
+            Some(&format!("lockmacro_locks_csrf={token}")),
+            &[("key", "payroll:1"), ("holders", hint), ("csrf", &token)],
+        ),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(client.inspect("payroll:1").await.unwrap().is_some());
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}
+
+/// One refresh shows at most `limit` locks and scans for at most `list_budget`: a page left
+/// open over a large keyspace costs Redis a bounded amount per refresh.
+#[tokio::test]
+async fn a_refresh_is_bounded_by_the_limit_and_the_scan_budget() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let mut leases = Vec::new();
+    for n in 0..7 {
+        leases.push(
+            client
+                .acquire(&format!("bulk:{n}"), held(30))
+                .await
+                .unwrap(),
+        );
+    }
+    let limited = mounted(locks_page(client.clone()).limit(5));
+    let table = get(&limited, "/admin/locks/table").await;
+    assert_eq!(table.body.matches("<tr data-key=").count(), 5);
+    assert!(table.body.contains("Showing the first 5 locks found"));
+    let everything = mounted(locks_page(client.clone()));
+    let table = get(&everything, "/admin/locks/table").await;
+    assert_eq!(table.body.matches("<tr data-key=").count(), 7);
+    assert!(!table.body.contains("Showing the first"));
+    assert!(!table.body.contains("The scan stopped"));
+
+    // 200 000 keys that are no locks: a scan through them takes 200 SCAN steps.
+    let mut connection = redis.server.connection().await;
+    for chunk in 0..200 {
+        let mut mset = redis::cmd("MSET");
+        for n in 0..1000 {
+            mset.arg(format!("other:{chunk}:{n}")).arg("x");
+        }
+        let () = mset.query_async(&mut connection).await.unwrap();
+    }
+    let budgeted = mounted(
+        locks_page(client.clone())
+            .prefixes(["absent"])
+            .list_budget(Duration::from_millis(1)),
+    );
+    let table = get(&budgeted, "/admin/locks/table").await;
+    assert!(
+        table.body.contains("The scan stopped after 1 ms"),
+        "{}",
+        table.body
+    );
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}
+
+/// The live view: `watch` as Server-Sent Events, and at most `live_views` at once.
+#[tokio::test]
+async fn the_live_view_streams_acquired_and_released() {
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let app = mounted(locks_page(client.clone()).live_views(1));
+    let response = open_live_view(&app, "orders:5").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/event-stream"
+    );
+    let mut body = response.into_body();
+
+    let second = get(&app, "/admin/locks/events?key=orders:6").await;
+    assert_eq!(
+        second.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "one live view at most"
+    );
+    assert!(second.headers.contains_key(header::RETRY_AFTER));
+
+    let lease = client.acquire("orders:5", held(30)).await.unwrap();
+    let acquired = next_event(&mut body).await;
+    assert_eq!(
+        acquired,
+        format!(
+            "event: acquired\ndata: {{\"holder\":\"{}\"}}\n\n",
+            &lease.token()[..4]
+        )
+    );
+    lease.release().await.unwrap();
+    assert_eq!(next_event(&mut body).await, "event: released\ndata: {}\n\n");
+
+    // Closing the view (dropping its stream) gives its place back at once.
+    drop(body);
+    let reopened = open_live_view(&app, "orders:6").await;
+    assert_eq!(reopened.status(), StatusCode::OK);
+}
+
+/// The live view's stream of events for `key`, as the browser opens it.
+async fn open_live_view(app: &Router, key: &str) -> axum::response::Response {
+    let uri = format!("/admin/locks/events?key={}", encode(key));
+    app.clone()
+        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+/// The next Server-Sent Event, skipping keep-alive comments.
+async fn next_event(body: &mut Body) -> String {
+    let mut event = String::new();
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream goes on")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            event.push_str(std::str::from_utf8(&data).unwrap());
+        }
+        if event.ends_with("\n\n") {
+            if event.starts_with(':') {
+                event.clear();
+                continue;
+            }
+            return event;
+        }
+    }
+}
+
+/// Mounted at the root or under a trailing slash, the page still reaches its own routes.
+#[tokio::test]
+async fn links_work_wherever_the_page_is_mounted() {
+    let client = LockClient::in_memory();
+    for (app, path, base) in [
+        (
+            Router::new().nest("/admin/locks", locks_page(client.clone()).router()),
+            "/admin/locks",
+            "locks/",
+        ),
+        (
+            Router::new().nest("/admin/locks/", locks_page(client.clone()).router()),
+            "/admin/locks/",
+            "",
+        ),
+        (locks_page(client.clone()).router(), "/", ""),
+    ] {
+        let page = get(&app, path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}");
+        assert!(
+            page.body.contains(&format!(r#"data-base="{base}""#)),
+            "{path}"
+        );
+        let script = format!("{}{base}page.js", &path[..path.rfind('/').unwrap() + 1]);
+        let script = get(&app, &script).await;
+        assert_eq!(script.status, StatusCode::OK, "{path}");
+        assert!(script.body.contains("EventSource"));
+    }
+}
