@@ -30,6 +30,7 @@ pub mod safety;
 mod sentinel;
 mod server;
 mod tls;
+pub mod turns;
 
 pub use cluster::{Migration, RedisCluster};
 pub use deployment::{Cluster, Deployment, InMemory, Redlock, Sentinel, SingleRedis};
