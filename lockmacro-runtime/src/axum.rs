@@ -1,5 +1,6 @@
 //! `LockError` as an HTTP response: 409 Conflict when busy; 500 Internal Server Error for the
-//! programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`: retrying cannot help); 503
+//! programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`, `NotALock`: retrying cannot
+//! help); 503
 //! Service Unavailable otherwise (Redis down, lease lost, shutting down: worth a retry).
 //!
 //! The body names the lock but never the internals (a server address, an OS error): those go
@@ -26,7 +27,8 @@ impl IntoResponse for LockError {
             }
             LockError::Config { .. }
             | LockError::InvalidKey { .. }
-            | LockError::InvalidOptions { .. } => {
+            | LockError::InvalidOptions { .. }
+            | LockError::NotALock { .. } => {
                 tracing::error!(error = %self, "locked request answered 500: the lock is misconfigured");
                 let body = match self.key() {
                     Some(key) => format!("lock `{key}` cannot be used; this is a server error"),
