@@ -100,7 +100,7 @@ async fn holder_outlived_by_a_stall(stall: Stall) {
     )
     .await;
     assert_eq!(
-        get(&server, key).await.as_deref(),
+        common::holder(&server, key).await.as_deref(),
         Some(lease.token()),
         "{stall:?}: the stale holder never deletes or extends the new owner's key"
     );

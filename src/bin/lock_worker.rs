@@ -31,6 +31,11 @@ use testkit::monotonic_ns;
 
 #[tokio::main]
 async fn main() {
+    // `RUST_LOG=lockmacro_runtime=debug` shows what the lock does, on stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("count") => count(&args[2], &args[3], parse(&args[4]), parse(&args[5])).await,

@@ -278,7 +278,10 @@ impl Engine {
             && !options.fencing
             && self.store.hands_over().is_some();
         let _parked = ticket.park(parking.starving);
-        let mut offer = takes_hand_over.then(|| ticket.offer(token, options));
+        let mut offer = takes_hand_over.then(|| {
+            tracing::debug!(key = %key, "parked until the lock's release; a release by this client hands it over");
+            ticket.offer(token, options)
+        });
         let handed_elsewhere = async {
             match parking.expecting {
                 Some(expecting) => expecting.handed().await,

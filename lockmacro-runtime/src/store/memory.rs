@@ -477,7 +477,9 @@ impl Data {
             return None;
         };
         let waited = *waited;
+        // An undone attempt (an empty message) held no lock to pass on.
         if let Some(next) = reserved.clone()
+            && !message.is_empty()
             && (next.keys == 1 || all_owed)
         {
             let held = Held::Exclusive {

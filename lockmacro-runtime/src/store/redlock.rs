@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use super::inspect::{self, Cursor, Page, Snapshot};
 use super::redis::RedisStore;
+use super::protocol;
 use super::redis::server::Server;
 use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, HandOver, HandsOver, LeaseRef, ManyRequest,
@@ -133,6 +134,7 @@ impl RedlockStore {
             .checked_sub(elapsed + clock::drift(ttl))
             .filter(|left| !left.is_zero());
         if taken >= quorum && validity.is_some() {
+            self.leave_where_busy(undo, &answers);
             return Ok(AcquiredMany::Taken);
         }
         // Not ours: undo wherever it was taken (or may have been), before answering.
@@ -182,6 +184,39 @@ impl RedlockStore {
             answered: taken.max(busy.len()),
             needed: quorum,
         })
+    }
+}
+
+impl RedlockStore {
+    /// A waiter that took the lock on a majority may have reserved the key on a master that
+    /// was busy (see `protocol::Reservation`): that master would hand it the key, under a value
+    /// its lease does not know, at its holder's release. It leaves those masters (in the
+    /// background): the reservation is taken off, or a key handed meanwhile given back.
+    fn leave_where_busy(&self, lease: LeaseRef<'_>, answers: &[Result<AcquiredMany, StoreError>]) {
+        let busy: Vec<RedisStore<Server>> = self
+            .masters
+            .iter()
+            .zip(answers)
+            .filter(|(_, answer)| matches!(answer, Ok(AcquiredMany::Busy { .. })))
+            .map(|(master, _)| master.clone())
+            .collect();
+        if busy.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = match lease.keys {
+            [] => vec![lease.key.to_owned()],
+            keys => keys.to_vec(),
+        };
+        let token = protocol::holder_token(lease.value).to_owned();
+        self.settings.background.spawn(async move {
+            for master in &busy {
+                for key in &keys {
+                    if let Err(error) = master.leave(key, &token).await {
+                        tracing::debug!(key = %key, error = %error, "a Redlock master kept a reservation of a caller that took the lock; it expires with its holder");
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -604,6 +639,15 @@ impl QuorumFeed {
     /// row (two undone attempts' "look again", each an empty message), so a master that
     /// announces it again announces something new; and one heard late counts as news: a look too many costs a round trip, a wake-up missed a lease.
     fn is_news(&mut self, master: usize, released: Released) -> bool {
+        if protocol::Announcement::parse(&released.message)
+            .handed_to
+            .is_some()
+        {
+            // A key handed to a waiter: each master hands over on its own, and two undone
+            // attempts' hand-overs read alike; a waiter told twice looks once more, one never
+            // told sleeps out its wait.
+            return true;
+        }
         let now = Instant::now();
         self.heard
             .retain(|_, (first, _)| now.duration_since(*first) < Self::ECHO);

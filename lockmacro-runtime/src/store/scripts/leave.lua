@@ -10,6 +10,7 @@
 -- off, 0 otherwise.
 local key, token = KEYS[1], ARGV[1]
 redis.call('HDEL', KEYS[3], token)
+if redis.call('HLEN', KEYS[3]) <= 1 then redis.call('PEXPIRE', KEYS[3], 1000) end
 local stored = redis.pcall('GET', key)
 if type(stored) ~= 'string' then
   return 0

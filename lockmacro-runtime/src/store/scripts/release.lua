@@ -52,9 +52,11 @@ if holder then
     redis.call('PEXPIRE', key, kept)
   else
     -- A caller of one key owed the lock (a reservation after the mark) takes it now, marked:
-    -- the key is never free for another to barge in, and only that caller is told.
+    -- the key is never free for another to barge in, and only that caller is told. Not from an
+    -- undone attempt: it held no lock to pass on (a minority of Redlock's masters handing the
+    -- key over would split them), and the caller owed it looks again when told to.
     local ttl, keys, next_value = nil, nil, nil
-    if marked then
+    if marked and message ~= '' then
       ttl, keys, next_value = string.match(string.sub(holder, #token + 2), '^%d+/(%d+)/(%d+)/(.*)$')
     end
     if keys == '1' then

@@ -50,7 +50,7 @@ for i = 1, n do
     if kept then
       redis.call('PEXPIRE', KEYS[i], kept)
       if listened then redis.call(publish, KEYS[n + i], '') end
-    elseif next and (next[2] == 1 or owed_all_here(next[3], next[2])) then
+    elseif next and message ~= '' and (next[2] == 1 or owed_all_here(next[3], next[2])) then
       -- Handed to the caller owed it, marked; only it is told.
       redis.call('SET', KEYS[i], next[3] .. '+', 'PX', next[1])
       redis.call(publish, KEYS[n + i], message .. '>' .. string.match(next[3], '^[^;]*'))

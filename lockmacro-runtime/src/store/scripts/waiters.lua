@@ -10,6 +10,13 @@ local function count_waiter(waiters, token, now, life)
   if redis.call('PTTL', waiters) < life then redis.call('PEXPIRE', waiters, life) end
 end
 
+-- Once nobody is counted any more, the hash (its `served` field) lives one more second: a
+-- burst of waiters that follows at once finds how fast the last one was served; a key nobody
+-- waits for leaves nothing behind.
+local function forget_when_idle(waiters)
+  if redis.call('HLEN', waiters) <= 1 then redis.call('PEXPIRE', waiters, 1000) end
+end
+
 -- A waiting caller (`token`) got the lock: it leaves `waiters`, and the served field keeps the
 -- mean time between two callers served (for `retry_after`). `now` is read here when not given:
 -- a caller that never waited long enough to be counted costs one command.
@@ -28,6 +35,7 @@ local function served(waiters, token, now)
     mean = -1
   end
   redis.call('HSET', waiters, 'served', string.format('%d;%d', now, mean))
+  forget_when_idle(waiters)
 end
 
 -- How long a caller that comes back now may wait: the callers counted ahead of it, each served
