@@ -97,21 +97,21 @@ async fn assert_handed_to_the_caller_elsewhere_that_waited_too_long(
     key: &'static str,
     publish: &str,
 ) {
-    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let held = here.acquire(key, opts(5_000)).await.unwrap();
     let options = opts(5_000).wait(Duration::from_secs(10));
     let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
+    let (leave, _) = tokio::sync::watch::channel(false);
     let spawn_waiter = |locks: LockClient, name: &'static str| {
-        let entered = entered.clone();
+        let (entered, mut leave) = (entered.clone(), leave.subscribe());
         tokio::spawn(async move {
             let work = async move {
                 entered.send(name).unwrap();
+                leave.wait_for(|go| *go).await.unwrap();
             };
             locks.run_locked(key, options, work).await
         })
     };
-    let local = spawn_waiter(here.clone(), "here");
-    log.seen(PARKED).await;
+    // The caller elsewhere waits first, and reserves the key once it has waited too long.
     let remote = spawn_waiter(there.clone(), "there");
     eventually(
         Duration::from_secs(5),
@@ -123,15 +123,28 @@ async fn assert_handed_to_the_caller_elsewhere_that_waited_too_long(
         },
     )
     .await;
+    // A caller of `here` parks on it, ready to be handed the lock by `here`'s release.
+    let local = spawn_waiter(here.clone(), "here");
+    eventually(
+        Duration::from_secs(5),
+        "the local waiter parked",
+        || async { here.waiting(key) == 1 },
+    )
+    .await;
 
     let publishes = command_calls(node, publish);
     held.release().await.unwrap();
-    assert_eq!(entries.recv().await.unwrap(), "there", "the caller owed the key first");
+    assert_eq!(
+        entries.recv().await.unwrap(),
+        "there",
+        "the caller owed the key first"
+    );
     assert_eq!(
         command_calls(node, publish),
         publishes + 1,
         "announced to the caller it was handed to"
     );
+    leave.send(true).unwrap();
     remote.await.unwrap().unwrap();
     assert_eq!(entries.recv().await.unwrap(), "here");
     local.await.unwrap().unwrap();
@@ -285,7 +298,11 @@ async fn without_pubsub_in_the_acl_a_release_still_hands_the_lock_over() {
     held.release().await.expect("released without an error");
     entered_rx.await.unwrap();
     assert_eq!(log.count(HANDING), 1, "handed over");
-    assert_eq!(command_calls(&server, "publish"), publishes, "nothing announced");
+    assert_eq!(
+        command_calls(&server, "publish"),
+        publishes,
+        "nothing announced"
+    );
     leave.send(()).unwrap();
     waiter.await.unwrap().unwrap();
     assert_eq!(get(&server, "handover:5").await, None);

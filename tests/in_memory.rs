@@ -125,8 +125,16 @@ async fn a_key_taken_over_is_lost_and_left_to_its_new_owner() {
         matches!(outcome, Err(LockError::Lost { .. })),
         "{outcome:?}"
     );
-    let other = other.lock().unwrap().clone().expect("the other owner's token");
-    assert_eq!(hooks.holder("taken:1"), Some(other), "left to its new owner");
+    let other = other
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the other owner's token");
+    assert_eq!(
+        hooks.holder("taken:1"),
+        Some(other),
+        "left to its new owner"
+    );
 }
 
 /// `fail_next` makes the store fail as an unreachable Redis would: an acquire is a `Redis` error

@@ -613,7 +613,11 @@ pub fn take_turns_in_processes(
         .into_iter()
         .map(|worker| {
             let output = worker.wait_with_output().expect("lock_worker");
-            assert!(output.status.success(), "worker failed: {:?}", output.status);
+            assert!(
+                output.status.success(),
+                "worker failed: {:?}",
+                output.status
+            );
             read_calls(&String::from_utf8(output.stdout).expect("utf-8"))
         })
         .collect();

@@ -135,6 +135,10 @@ impl Engine {
         // waits on readers also keeps new readers out, and a busy key is marked as waited for
         // (its release is announced only then).
         let mut keeps_place = options.fair || options.kind != LockKind::Exclusive;
+        // The next look is one made only to reserve the key, after waiting too long; and what
+        // the last look that was answered saw.
+        let mut reserving_only = false;
+        let mut last_seen = (None, None);
         if options.kind == LockKind::Exclusive && !options.fair && self.waits.anyone_waits(&key) {
             // Others of this client already wait for the key: queue behind them rather than
             // barge in ahead of the waiter a release just woke (a releaser that comes straight
@@ -185,16 +189,24 @@ impl Engine {
                 }
             }
             let attempt = self.try_acquire(&key, &token, options, looking);
-            let (remaining, estimate) = match attempt.await? {
-                Attempt::Taken(lease) => {
+            let (remaining, estimate) = match attempt.await {
+                Ok(Attempt::Taken(lease)) => {
                     stay.took();
                     return Ok((lease, waited));
                 }
-                Attempt::Busy {
+                Ok(Attempt::Busy {
                     remaining,
                     estimate,
-                } => (remaining, estimate),
+                }) => (remaining, estimate),
+                // A look made only to reserve the key (nothing was heard of it) that failed
+                // costs the waiter nothing: it waits on as it did before that look.
+                Err(error) if reserving_only => {
+                    tracing::debug!(key = %key, error = %error, "a look to reserve the lock failed; waiting on");
+                    last_seen
+                }
+                Err(error) => return Err(error),
             };
+            last_seen = (remaining, estimate);
             keeps_place = true;
             waited = Waited::Yes;
             let left = give_up.saturating_duration_since(Instant::now());
@@ -234,8 +246,10 @@ impl Engine {
                 // Come back well within the time a place in the fair queue is kept.
                 fallback = fallback.min(options.ttl.max(Duration::from_secs(1)) / 3);
             }
+            let mut wakes_to_reserve = false;
             if may_reserve && let Some(until) = since.until_starving() {
                 // Look again once it has waited too long: that look reserves the key.
+                wakes_to_reserve = until <= fallback;
                 fallback = fallback.min(until);
             }
             let parking = Parking {
@@ -249,6 +263,7 @@ impl Engine {
                 stay.took();
                 return Ok((lease, waited));
             }
+            reserving_only = wakes_to_reserve && ticket.releases_heard() == heard;
             if expecting
                 .as_ref()
                 .is_some_and(|expecting| !expecting.is_for(&token))

@@ -31,8 +31,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use super::inspect::{self, Cursor, Page, Snapshot};
-use super::redis::RedisStore;
 use super::protocol;
+use super::redis::RedisStore;
 use super::redis::server::Server;
 use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, HandOver, HandsOver, LeaseRef, ManyRequest,
