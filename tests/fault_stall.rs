@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    acquire_when_free, assert_clean, client_for, dropped_at, eventually, get, opts, start_holder,
+    acquire_when_free, assert_clean, client_for, dropped_at, eventually, opts, start_holder,
 };
 use lockmacro_runtime::{LockError, LockOptions};
 use testkit::RedisServer;

@@ -34,7 +34,7 @@ pub(crate) fn instant_at(nanos: u64) -> Instant {
 pub(crate) fn epoch_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| millis(since))
+        .map_or(0, millis)
 }
 
 /// `from + wait`, saturating: `Duration::MAX` means "wait forever", not an overflow.

@@ -42,6 +42,9 @@ use crate::clock::{self, Backoff};
 use crate::error::LockError;
 use crate::sync::lock;
 
+/// A master's `Busy`: the first busy key, the time until it may be free, the estimated wait.
+type BusyAnswer = (usize, Option<Duration>, Option<Duration>);
+
 /// A Redlock quorum.
 #[derive(Clone)]
 pub(crate) struct RedlockStore {
@@ -119,7 +122,7 @@ impl RedlockStore {
             .iter()
             .filter(|answer| matches!(answer, Ok(AcquiredMany::Taken)))
             .count();
-        let busy: Vec<(usize, Option<Duration>, Option<Duration>)> = answers
+        let busy: Vec<BusyAnswer> = answers
             .iter()
             .filter_map(|answer| match answer {
                 Ok(AcquiredMany::Busy {
@@ -154,12 +157,11 @@ impl RedlockStore {
             let key = busy.iter().map(|(key, ..)| *key).min().unwrap_or(0);
             // Free again once all but a minority of the busy masters are free.
             let frees_a_majority = busy.len() - (self.masters.len() - quorum);
-            let majority_view =
-                |pick: fn(&(usize, Option<Duration>, Option<Duration>)) -> Option<Duration>| {
-                    let mut times: Vec<Option<Duration>> = busy.iter().map(pick).collect();
-                    times.sort_unstable();
-                    times.get(frees_a_majority - 1).copied().flatten()
-                };
+            let majority_view = |pick: fn(&BusyAnswer) -> Option<Duration>| {
+                let mut times: Vec<Option<Duration>> = busy.iter().map(pick).collect();
+                times.sort_unstable();
+                times.get(frees_a_majority - 1).copied().flatten()
+            };
             let mut remaining = majority_view(|(_, left, _)| *left);
             let estimate = majority_view(|(.., estimate)| *estimate);
             if taken > 0 {
