@@ -198,10 +198,24 @@ fn origin_field(field: &str) -> String {
 /// The value of a lock taken by `token` at `acquired_ms`, its origin's `tail` after
 /// ([`Origin::value`]).
 pub fn lock_value(token: &str, acquired_ms: u64, tail: &str) -> String {
-    use std::fmt::Write;
-    let mut value = String::with_capacity(token.len() + 14 + tail.len());
+    let mut value = String::with_capacity(token.len() + 21 + tail.len());
     value.push_str(token);
-    let _ = write!(value, ";{acquired_ms}");
+    value.push(FIELD_SEPARATOR);
+    // Digit by digit, without the formatting machinery: every acquisition writes one.
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = acquired_ms;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[at..] {
+        value.push(char::from(digit));
+    }
     value.push_str(tail);
     value
 }
@@ -732,6 +746,11 @@ mod tests {
             assert_eq!(LockValue::parse(stranger), None, "{stranger}");
         }
         assert_eq!(Origin::new("", 1, "").tail.as_ref(), ";1;-;-");
+        assert_eq!(lock_value("t", 0, ""), "t;0");
+        assert_eq!(
+            lock_value("t", u64::MAX, ";1;h;a"),
+            format!("t;{};1;h;a", u64::MAX)
+        );
     }
 
     #[test]
