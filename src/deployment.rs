@@ -26,9 +26,17 @@ pub trait Deployment {
     /// The value stored under `key` (a holder's token), read around the library.
     async fn holder(&self, key: &str) -> Option<String>;
 
-    /// Lets another owner take `key`, replacing whatever is there, for `ttl` (or for good);
-    /// returns the value it stored.
+    /// Lets another owner take `key`, replacing whatever is there, for `ttl` (or for good):
+    /// a lock value of another process. Returns its token.
     async fn impose(&self, key: &str, ttl: Option<Duration>) -> String;
+
+    /// Puts another application's data under `key` (`SET key hello`, or `HSET key field value`
+    /// for [`Foreign::Hash`]), with no expiry.
+    async fn put_foreign(&self, key: &str, data: Foreign);
+
+    /// Whether `key` still holds exactly the data [`put_foreign`](Self::put_foreign) put there,
+    /// with no expiry.
+    async fn holds_foreign(&self, key: &str, data: Foreign) -> bool;
 
     /// Returns once some client listens for releases of `key`: a waiter has found it busy and
     /// subscribed, so from now on it sleeps on the announcement.
@@ -38,6 +46,15 @@ pub trait Deployment {
     fn offers_fencing(&self) -> bool {
         true
     }
+}
+
+/// Another application's data under a lock's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Foreign {
+    /// The string `hello`.
+    String,
+    /// A hash with one field, `field` = `value`.
+    Hash,
 }
 
 /// One `redis-server`.
@@ -71,6 +88,14 @@ impl Deployment for SingleRedis {
 
     async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
         set(&self.server, key, ttl).await
+    }
+
+    async fn put_foreign(&self, key: &str, data: Foreign) {
+        put_foreign(&self.server, key, data).await;
+    }
+
+    async fn holds_foreign(&self, key: &str, data: Foreign) -> bool {
+        holds_foreign(&self.server, key, data).await
     }
 
     async fn waiter_subscribed(&self, key: &str) {
@@ -110,6 +135,14 @@ impl Deployment for Sentinel {
 
     async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
         set(self.deployment.master(), key, ttl).await
+    }
+
+    async fn put_foreign(&self, key: &str, data: Foreign) {
+        put_foreign(self.deployment.master(), key, data).await;
+    }
+
+    async fn holds_foreign(&self, key: &str, data: Foreign) -> bool {
+        holds_foreign(self.deployment.master(), key, data).await
     }
 
     async fn waiter_subscribed(&self, key: &str) {
@@ -156,6 +189,14 @@ impl Deployment for Cluster {
 
     async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
         set(self.cluster.master_of(key), key, ttl).await
+    }
+
+    async fn put_foreign(&self, key: &str, data: Foreign) {
+        put_foreign(self.cluster.master_of(key), key, data).await;
+    }
+
+    async fn holds_foreign(&self, key: &str, data: Foreign) -> bool {
+        holds_foreign(self.cluster.master_of(key), key, data).await
     }
 
     async fn waiter_subscribed(&self, key: &str) {
@@ -209,11 +250,26 @@ impl Deployment for Redlock {
     }
 
     async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
-        let mut value = String::new();
+        let value = lock_value_of_another();
         for server in &self.servers {
-            value = set(server, key, ttl).await;
+            set_value(server, key, &value, ttl).await;
         }
-        value
+        protocol::holder_token(&value).to_owned()
+    }
+
+    async fn put_foreign(&self, key: &str, data: Foreign) {
+        for server in &self.servers {
+            put_foreign(server, key, data).await;
+        }
+    }
+
+    async fn holds_foreign(&self, key: &str, data: Foreign) -> bool {
+        for server in &self.servers {
+            if !holds_foreign(server, key, data).await {
+                return false;
+            }
+        }
+        true
     }
 
     async fn waiter_subscribed(&self, key: &str) {
@@ -270,6 +326,17 @@ impl Deployment for InMemory {
             .take_over(key, ttl.unwrap_or(Duration::from_secs(3_600)))
     }
 
+    async fn put_foreign(&self, key: &str, data: Foreign) {
+        match data {
+            Foreign::String => self.hooks().put_foreign_string(key),
+            Foreign::Hash => self.hooks().put_foreign_hash(key),
+        }
+    }
+
+    async fn holds_foreign(&self, key: &str, _data: Foreign) -> bool {
+        self.hooks().holds_foreign(key)
+    }
+
     async fn waiter_subscribed(&self, key: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while self.hooks().listeners(key) == 0 {
@@ -305,17 +372,62 @@ async fn get(server: &RedisServer, key: &str) -> Option<String> {
     value.map(|value| protocol::holder_token(&value).to_owned())
 }
 
-/// Sets `key` to another owner's value, returned.
+/// A lock value of another process, with a fresh token.
+fn lock_value_of_another() -> String {
+    static TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let token = format!(
+        "{:016x}{:016x}",
+        std::process::id(),
+        TOKENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    protocol::Origin::new("another-host", 1, "another-owner").value(&token, 0)
+}
+
+/// Sets `key` to another owner's lock; returns its token.
 async fn set(server: &RedisServer, key: &str, ttl: Option<Duration>) -> String {
-    let value = format!("another-owner-of-{key}");
+    let value = lock_value_of_another();
+    set_value(server, key, &value, ttl).await;
+    protocol::holder_token(&value).to_owned()
+}
+
+/// Sets `key` to `value`, for `ttl` (or for good).
+async fn set_value(server: &RedisServer, key: &str, value: &str, ttl: Option<Duration>) {
     let mut connection = server.connection().await;
     let mut set = redis::cmd("SET");
-    set.arg(key).arg(&value);
+    set.arg(key).arg(value);
     if let Some(ttl) = ttl {
         set.arg("PX").arg(ttl.as_millis().max(1) as u64);
     }
     let () = set.query_async(&mut connection).await.expect("SET");
-    value
+}
+
+/// `SET key hello`, or `HSET key field value`.
+async fn put_foreign(server: &RedisServer, key: &str, data: Foreign) {
+    let mut connection = server.connection().await;
+    let () = match data {
+        Foreign::String => connection.set(key, "hello").await.expect("SET"),
+        Foreign::Hash => {
+            let _: i64 = connection.hset(key, "field", "value").await.expect("HSET");
+        }
+    };
+}
+
+/// Whether `key` holds exactly what [`put_foreign`] put there, with no expiry.
+async fn holds_foreign(server: &RedisServer, key: &str, data: Foreign) -> bool {
+    let mut connection = server.connection().await;
+    let pttl: i64 = connection.pttl(key).await.expect("PTTL");
+    let same = match data {
+        Foreign::String => {
+            let value: Option<String> = connection.get(key).await.ok().flatten();
+            value.as_deref() == Some("hello")
+        }
+        Foreign::Hash => {
+            let fields: std::collections::HashMap<String, String> =
+                connection.hgetall(key).await.unwrap_or_default();
+            fields.len() == 1 && fields.get("field").map(String::as_str) == Some("value")
+        }
+    };
+    same && pttl == -1
 }
 
 /// Waits (5 s at most) until some client of `servers` subscribes to `channel`, as counted by

@@ -30,9 +30,10 @@ pub mod safety;
 mod sentinel;
 mod server;
 mod tls;
+pub mod turns;
 
 pub use cluster::{Migration, RedisCluster};
-pub use deployment::{Cluster, Deployment, InMemory, Redlock, Sentinel, SingleRedis};
+pub use deployment::{Cluster, Deployment, Foreign, InMemory, Redlock, Sentinel, SingleRedis};
 pub use fenced_storage::{applied_writes, fenced_read, fenced_write};
 pub use proxy::{Fault, FaultProxy};
 pub use sentinel::{RedisSentinel, SERVICE as SENTINEL_SERVICE};

@@ -163,7 +163,7 @@ async fn a_key_replaced_by_another_type_is_lost_and_its_batch_lives_on() {
         .expect("the other lease of the batch lives on");
     assert!(renewals >= 3, "{renewals}");
     assert_eq!(
-        get(&server, "typed:kept").await.as_deref(),
+        common::holder(&server, "typed:kept").await.as_deref(),
         Some(kept.token())
     );
     kept.release().await.unwrap();

@@ -143,7 +143,10 @@ async fn blackhole_mid_hold_stops_the_holder_at_its_deadline_and_the_client_reco
     eprintln!(
         "blackhole mid-hold, ttl {TTL:?}: holder stopped {stopped_after:?} after the partition; contender won {margin:?} later; client recovered {recovered:?} after heal (overlap 0)"
     );
-    assert_eq!(get(&server, key).await.as_deref(), Some(lease.token()));
+    assert_eq!(
+        common::holder(&server, key).await.as_deref(),
+        Some(lease.token())
+    );
     lease.release().await.unwrap();
     // The healed client can take the contested key again, too.
     holder_client
@@ -315,7 +318,7 @@ async fn lost_reply_never_makes_a_later_acquire_take_someone_elses_lock() {
     for lease in held {
         let token = lease.token().to_owned();
         assert_eq!(
-            get(&server, lease.key()).await.as_deref(),
+            common::holder(&server, lease.key()).await.as_deref(),
             Some(token.as_str()),
             "the other owner's key was touched"
         );

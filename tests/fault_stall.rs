@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    acquire_when_free, assert_clean, client_for, dropped_at, eventually, get, opts, start_holder,
+    acquire_when_free, assert_clean, client_for, dropped_at, eventually, opts, start_holder,
 };
 use lockmacro_runtime::{LockError, LockOptions};
 use testkit::RedisServer;
@@ -100,7 +100,7 @@ async fn holder_outlived_by_a_stall(stall: Stall) {
     )
     .await;
     assert_eq!(
-        get(&server, key).await.as_deref(),
+        common::holder(&server, key).await.as_deref(),
         Some(lease.token()),
         "{stall:?}: the stale holder never deletes or extends the new owner's key"
     );

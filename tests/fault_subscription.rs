@@ -39,7 +39,7 @@ async fn a_waiter_that_cannot_subscribe_goes_by_the_holders_remaining_lease() {
     let () = conn
         .set_options(
             "deaf:1",
-            "dead-holder",
+            protocol::Origin::new("dead-host", 1, "dead-holder").value(&"d".repeat(32), 0),
             redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(800)),
         )
         .await
@@ -183,7 +183,7 @@ async fn tries_at_their_longest(server: &RedisServer, key: &str) -> Instant {
 /// mark, so that its release is announced); the mark is cleared here and awaited again.
 async fn next_look(server: &RedisServer, key: &str) -> Instant {
     let value = get(server, key).await.expect("the key is held");
-    let holder = protocol::holder_token(&value);
+    let holder = protocol::Stored::parse(&value).expect("a lock").holder;
     server.command(&["SET", key, holder, "XX", "KEEPTTL"]);
     eventually(Duration::from_secs(5), "the waiter looks again", || async {
         get(server, key)

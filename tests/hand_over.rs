@@ -1,6 +1,7 @@
 //! Within one client, a release passes an exclusive lock straight to the next waiter of that
-//! client: no moment free, no announcement, no `SET` of the waiter's own; unless another client
-//! waits for the key too.
+//! client: no moment free, no announcement, no `SET` of the waiter's own; unless a caller
+//! elsewhere has waited too long for the key (`protocol::STARVING_AFTER`) and reserved it: then
+//! it passes to that caller.
 
 mod common;
 
@@ -12,25 +13,8 @@ use lockmacro_runtime::{LockClient, LockContext, protocol};
 use testkit::{Fault, FaultProxy, RedisCluster, RedisServer};
 use tokio::sync::oneshot;
 
-const PARKED: &str = "waiting for a release of this client to hand the lock over";
+const PARKED: &str = "parked until the lock's release; a release by this client hands it over";
 const HANDING: &str = "handing the lock to the next waiter of this client";
-
-/// Subscribers of `key`'s release channel on `node`: `count` is `NUMSUB`, or `SHARDNUMSUB` for
-/// a cluster's sharded channel (the keys of the cluster tests carry a hash tag, so their channel
-/// is the prefix and the key as it is).
-fn subscribers(node: &RedisServer, count: &str, key: &str) -> i64 {
-    match node.command(&[
-        "PUBSUB",
-        count,
-        &protocol::Names::default().release_channel(key),
-    ]) {
-        redis::Value::Array(reply) => match reply.get(1) {
-            Some(redis::Value::Int(count)) => *count,
-            other => panic!("PUBSUB {count} count {other:?}"),
-        },
-        other => panic!("PUBSUB {count} answered {other:?}"),
-    }
-}
 
 async fn cluster_client(cluster: &RedisCluster) -> LockClient {
     LockClient::cluster_builder(cluster.seed_urls())
@@ -103,15 +87,16 @@ async fn on_a_cluster_a_release_hands_the_lock_to_a_waiter_of_the_same_client() 
     assert_handed_over(&locks, cluster.master_of(key), key, "spublish").await;
 }
 
-/// `here` holds `key` and one caller of each client waits for it: the release is announced
-/// (counted by `publish` on `node`, the server of the key) before anyone takes the lock.
-async fn assert_announced_for_another_client(
+/// `here` holds `key` and one caller of each client waits for it: while the caller of `there`
+/// has not waited too long, a release of `here` would hand the key to its own waiter; once it
+/// has, it reserves the key, and the release passes the key to it (announced once, to it) before
+/// `here`'s waiter, which takes it after.
+async fn assert_handed_to_the_caller_elsewhere_that_waited_too_long(
     (here, there): (&LockClient, &LockClient),
     node: &RedisServer,
     key: &'static str,
-    (count, publish): (&str, &str),
+    publish: &str,
 ) {
-    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let held = here.acquire(key, opts(5_000)).await.unwrap();
     let options = opts(5_000).wait(Duration::from_secs(10));
     let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
@@ -126,40 +111,61 @@ async fn assert_announced_for_another_client(
             locks.run_locked(key, options, work).await
         })
     };
-    let local = spawn_waiter(here.clone(), "here");
-    log.seen(PARKED).await;
+    // The caller elsewhere waits first, and reserves the key once it has waited too long.
     let remote = spawn_waiter(there.clone(), "there");
     eventually(
         Duration::from_secs(5),
-        "both clients subscribed",
-        || async { subscribers(node, count, key) == 2 },
+        "the key reserved for the caller elsewhere",
+        || async {
+            get(node, key).await.is_some_and(|value| {
+                protocol::Stored::parse(&value).is_some_and(|stored| stored.reserved.is_some())
+            })
+        },
+    )
+    .await;
+    // A caller of `here` parks on it, ready to be handed the lock by `here`'s release.
+    let local = spawn_waiter(here.clone(), "here");
+    eventually(
+        Duration::from_secs(5),
+        "the local waiter parked",
+        || async { here.waiting(key) == 1 },
     )
     .await;
 
     let publishes = command_calls(node, publish);
     held.release().await.unwrap();
-    let first = entries.recv().await.unwrap();
+    assert_eq!(
+        entries.recv().await.unwrap(),
+        "there",
+        "the caller owed the key first"
+    );
     assert_eq!(
         command_calls(node, publish),
         publishes + 1,
-        "the release was announced before {first} took the lock"
+        "announced to the caller it was handed to"
     );
     leave.send(true).unwrap();
-    local.await.unwrap().unwrap();
     remote.await.unwrap().unwrap();
+    assert_eq!(entries.recv().await.unwrap(), "here");
+    local.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn with_a_waiter_in_another_client_the_lock_is_released_and_announced_instead() {
+async fn a_release_hands_the_lock_to_a_caller_elsewhere_that_waited_too_long() {
     let server = RedisServer::start();
     let (here, there) = (fast_client(&server).await, fast_client(&server).await);
     let clients = (&here, &there);
-    assert_announced_for_another_client(clients, &server, "handover:2", ("NUMSUB", "publish"))
-        .await;
+    assert_handed_to_the_caller_elsewhere_that_waited_too_long(
+        clients,
+        &server,
+        "handover:2",
+        "publish",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn on_a_cluster_a_waiter_in_another_client_gets_an_announcement_instead() {
+async fn on_a_cluster_a_release_hands_the_lock_to_a_caller_elsewhere_that_waited_too_long() {
     let cluster = RedisCluster::start(3, 0);
     let (here, there) = (
         cluster_client(&cluster).await,
@@ -167,12 +173,17 @@ async fn on_a_cluster_a_waiter_in_another_client_gets_an_announcement_instead() 
     );
     let key = "{handover}:c2";
     let node = cluster.master_of(key);
-    let commands = ("SHARDNUMSUB", "spublish");
-    assert_announced_for_another_client((&here, &there), node, key, commands).await;
+    assert_handed_to_the_caller_elsewhere_that_waited_too_long(
+        (&here, &there),
+        node,
+        key,
+        "spublish",
+    )
+    .await;
 }
 
 /// A client whose callers keep taking turns on a key does not keep it from another client's
-/// waiter: while anyone else waits, its releases are announced to all.
+/// waiter: once that waiter has waited too long, the key passes to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_client_does_not_keep_a_key_from_another_client() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -251,10 +262,10 @@ async fn a_waiter_cancelled_while_being_handed_the_lock_has_it_released() {
     .await;
 }
 
-/// A user the ACL does not allow `PUBSUB NUMSUB` (granted before hand-over existed) still has
-/// its locks pass to its waiters: the release is announced instead of handed over, no error.
+/// A user the ACL does not allow any pub/sub command still has its locks pass to its waiters:
+/// a hand-over asks nothing of pub/sub (who waits elsewhere is in the key's value).
 #[tokio::test(flavor = "current_thread")]
-async fn without_pubsub_numsub_in_the_acl_a_release_announces_instead() {
+async fn without_pubsub_in_the_acl_a_release_still_hands_the_lock_over() {
     let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let server = RedisServer::start();
     let granted = server.command(&[
@@ -286,11 +297,11 @@ async fn without_pubsub_numsub_in_the_acl_a_release_announces_instead() {
     let publishes = command_calls(&server, "publish");
     held.release().await.expect("released without an error");
     entered_rx.await.unwrap();
-    assert_eq!(log.count(HANDING), 1, "a hand-over was tried");
+    assert_eq!(log.count(HANDING), 1, "handed over");
     assert_eq!(
         command_calls(&server, "publish"),
-        publishes + 1,
-        "announced"
+        publishes,
+        "nothing announced"
     );
     leave.send(()).unwrap();
     waiter.await.unwrap().unwrap();

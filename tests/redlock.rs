@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, protocol};
 use testkit::{Deployment, RedisServer, Redlock};
 use tokio::time::Instant;
 
@@ -29,6 +29,16 @@ fn opts(ttl_ms: u64) -> LockOptions {
 
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     redis::from_redis_value(server.command(&["GET", key])).unwrap()
+}
+
+/// The token of the lock under `key` on `server`, marks left out.
+fn holder(server: &RedisServer, key: &str) -> Option<String> {
+    value(server, key).map(|value| protocol::holder_token(&value).to_owned())
+}
+
+/// Another owner's lock value (a lock of another process, not of this test's client).
+fn another_owners() -> String {
+    protocol::Origin::new("another-host", 1, "another-owner").value(&"f".repeat(32), 0)
 }
 
 /// One or two frozen masters of five cost nothing: locks are taken, renewed and released on the
@@ -145,7 +155,7 @@ async fn foreign_values_on_every_subset_of_masters() {
         let held = (0..5).filter(|i| subset & (1 << i) != 0).count();
         for (i, server) in quorum.servers.iter().enumerate() {
             if subset & (1 << i) != 0 {
-                server.command(&["SET", &key, "foreign", "PX", "30000"]);
+                server.command(&["SET", &key, &another_owners(), "PX", "30000"]);
             }
         }
         let outcome = locks.acquire(key.as_str(), opts(5_000)).await;
@@ -161,7 +171,7 @@ async fn foreign_values_on_every_subset_of_masters() {
         }
         // A release is confirmed on a majority; the other masters finish in the background.
         for (i, server) in quorum.servers.iter().enumerate() {
-            let expected = (subset & (1 << i) != 0).then(|| "foreign".to_owned());
+            let expected = (subset & (1 << i) != 0).then(another_owners);
             let deadline = Instant::now() + Duration::from_secs(2);
             while value(server, &key) != expected && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -258,12 +268,12 @@ async fn each_master_takes_the_whole_set_or_none_of_it() {
     let locks = client(&quorum).await;
     let keys = ["set:a", "set:b", "set:c"];
     for server in &quorum.servers[..2] {
-        server.command(&["SET", "set:b", "someone-else", "PX", "30000"]);
+        server.command(&["SET", "set:b", &another_owners(), "PX", "30000"]);
     }
     let lease = locks.acquire_many(keys, opts(5_000)).await.unwrap();
     for server in &quorum.servers[2..] {
         for key in keys {
-            assert_eq!(value(server, key).as_deref(), Some(lease.token()), "{key}");
+            assert_eq!(holder(server, key).as_deref(), Some(lease.token()), "{key}");
         }
     }
     for server in &quorum.servers[..2] {
@@ -282,7 +292,7 @@ async fn each_master_takes_the_whole_set_or_none_of_it() {
         }
     }
 
-    quorum.servers[2].command(&["SET", "set:b", "someone-else", "PX", "30000"]);
+    quorum.servers[2].command(&["SET", "set:b", &another_owners(), "PX", "30000"]);
     let busy = locks.acquire_many(keys, opts(5_000)).await;
     assert!(
         matches!(&busy, Err(LockError::Busy { key, .. }) if key == "set:b"),

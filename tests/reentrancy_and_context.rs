@@ -54,7 +54,7 @@ async fn lock_context_describes_the_lease_inside_and_is_absent_outside() {
             let context = LockContext::current().unwrap();
             assert_eq!(context.key(), "account:3");
             assert_eq!(
-                get(&server, "account:3").await.as_deref(),
+                common::holder(&server, "account:3").await.as_deref(),
                 Some(context.token())
             );
             assert_eq!(context.fencing_token(), None, "fencing is off by default");

@@ -222,7 +222,7 @@ async fn a_release_is_announced_only_when_someone_waits() {
     let publishes = command_calls(&server, "publish");
     let lease = holder.acquire("announce:1", opts(30_000)).await.unwrap();
     assert_eq!(
-        get(&server, "announce:1").await.as_deref(),
+        common::holder(&server, "announce:1").await.as_deref(),
         Some(lease.token())
     );
     lease.release().await.unwrap();
@@ -238,9 +238,11 @@ async fn a_release_is_announced_only_when_someone_waits() {
         waiter.run_locked("announce:1", options, async {}).await
     });
     waiter_subscribed(&server, "announce:1").await;
-    let marked = format!("{}+", lease.token());
     common::eventually(Duration::from_secs(5), "the key marked", || async {
-        get(&server, "announce:1").await.as_deref() == Some(marked.as_str())
+        get(&server, "announce:1").await.is_some_and(|value| {
+            lockmacro_runtime::protocol::is_waited_for(&value)
+                && lockmacro_runtime::protocol::holds(&value, lease.token())
+        })
     })
     .await;
     lease.release().await.unwrap();
@@ -290,8 +292,9 @@ async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key()
     .await;
     let publishes = command_calls(&server, "publish");
     let lease = holder.acquire("watched:1", opts(30_000)).await.unwrap();
-    let token = lease.token().to_owned();
-    assert_eq!(get(&server, "watched:1").await, Some(token), "unmarked");
+    let value = get(&server, "watched:1").await.expect("held");
+    assert!(protocol::holds(&value, lease.token()), "{value}");
+    assert!(!protocol::is_waited_for(&value), "unmarked: {value}");
     lease.release().await.unwrap();
     assert_eq!(
         command_calls(&server, "publish"),
@@ -317,4 +320,83 @@ async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key()
         publishes + 1,
         "an unwatched release costs no PUBLISH"
     );
+}
+
+/// Issue 37's regression: several processes taking turns on one key or one pair of keys, each
+/// with a few callers that hand the lock to each other. No process keeps the key to itself: each
+/// process's share of the acquisitions stays near even (one process held it 1 842 times against
+/// 11 before), no call ends `Busy` while the lock passes on continuously, and no caller waits
+/// past a bound set by the work ahead of it (waits reached 1.4-2.9 s of a 5-10 s wait).
+fn processes_take_turns_fairly(target: testkit::turns::Target, keys: &[&str]) {
+    const PROCESSES: usize = 3;
+    const TASKS: usize = 4;
+    let run = Duration::from_secs(2);
+    let summary = common::take_turns_in_processes(&target, keys, PROCESSES, TASKS, run);
+    eprintln!(
+        "{target:?} {keys:?}: held per process {:?}, wait p99 {:?} max {:?}, longest free while \
+         waited {:?}, busy {}, other errors {}",
+        summary.held_per_process,
+        summary.wait_quantile(0.99),
+        summary.wait_quantile(1.0),
+        summary.longest_free_while_waited,
+        summary.busy.len(),
+        summary.failed,
+    );
+    assert!(summary.held() >= 100, "{} acquisitions", summary.held());
+    if matches!(target, testkit::turns::Target::Redlock(_)) {
+        // On Redlock the masters may each hand the key to another caller owed it (each sees
+        // the reservations that reached it), and a split hand-over is undone: the lock is safe
+        // and passes on, but its shares are reported, not yet promised (see notes/waiting.md).
+        return;
+    }
+    assert!(
+        summary.busy.is_empty(),
+        "`Busy` while the lock passed on continuously: {:?}",
+        summary.busy
+    );
+    assert_eq!(summary.failed, 0, "calls failed");
+    assert!(
+        summary.share_ratio() <= 2.0,
+        "a process kept the key to itself: acquisitions per process {:?}",
+        summary.held_per_process
+    );
+    // The work ahead of a caller: every other caller's turn once, each about the run's mean
+    // interval between two acquisitions; a second of slack for a loaded machine's stalls.
+    let mean = run / summary.held() as u32;
+    let bound = Duration::from_secs(1) + mean * (PROCESSES * TASKS * 2) as u32;
+    assert!(
+        summary.wait_quantile(1.0) <= bound,
+        "a caller waited {:?}, past the work ahead of it ({bound:?})",
+        summary.wait_quantile(1.0)
+    );
+}
+
+#[test]
+fn processes_take_turns_fairly_on_one_key_of_one_redis() {
+    let server = RedisServer::start();
+    processes_take_turns_fairly(testkit::turns::Target::Server(server.url()), &["fair:1"]);
+}
+
+#[test]
+fn processes_take_turns_fairly_on_a_key_pair_of_one_redis() {
+    let server = RedisServer::start();
+    let target = testkit::turns::Target::Server(server.url());
+    processes_take_turns_fairly(target, &["fair:from", "fair:to"]);
+}
+
+#[test]
+fn processes_take_turns_fairly_on_a_cluster() {
+    let cluster = testkit::RedisCluster::start(3, 0);
+    let target = testkit::turns::Target::Cluster(cluster.seed_urls());
+    processes_take_turns_fairly(target.clone(), &["fair:1"]);
+    processes_take_turns_fairly(target, &["fair:{pair}:from", "fair:{pair}:to"]);
+}
+
+/// On Redlock: no two holders at once, and the lock passes on (its fairness is reported).
+#[test]
+fn processes_take_turns_on_redlock_safely() {
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let target = testkit::turns::Target::Redlock(masters.iter().map(RedisServer::url).collect());
+    processes_take_turns_fairly(target.clone(), &["fair:1"]);
+    processes_take_turns_fairly(target, &["fair:from", "fair:to"]);
 }

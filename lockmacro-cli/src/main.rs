@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use futures_util::StreamExt;
-use lockmacro_runtime::{LockClient, LockError, LockEvent, LockInfo, LockKind};
+use lockmacro_runtime::{Holder, LockClient, LockError, LockEvent, LockInfo, LockKind};
 use serde_json::json;
 
 /// Look at and clear lockmacro's Redis locks: who holds a lock, for how long, who waits; free it.
@@ -51,7 +51,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List held locks: key, kind, time left, holders and waiters.
+    /// List held locks: key, kind, time left, holders (who holds it), and the callers waiting.
     ///
     /// Scans in bounded steps (SCAN … COUNT 1000), printing as it goes, so it never blocks
     /// Redis and never holds every key in memory, even over millions of keys. The library's
@@ -60,13 +60,15 @@ enum Command {
         /// Only locks whose key starts with `PREFIX:` (the attribute's `prefix`).
         #[arg(long)]
         prefix: Option<String>,
-        /// Print a JSON array of objects (`key`, `kind`, `ttl_ms`, `holders`, `waiters`,
+        /// Print a JSON array of objects (`key`, `kind`, `ttl_ms`, `holders` — each with
+        /// `token_hint`, `ttl_ms`, `host`, `pid`, `app`, `acquired_at_ms` —, `waiters`,
         /// `fencing_token`).
         #[arg(long)]
         json: bool,
     },
-    /// Show one lock: its kind, its holders (tokens masked), time left, fencing counter and
-    /// waiters. Exits 1 when nobody holds it.
+    /// Show one lock: its kind, its holders (tokens masked; the application, process id and
+    /// host that took it, and when), time left, fencing counter and the callers waiting. Exits
+    /// 1 when nobody holds it.
     Inspect {
         /// The lock's full key, e.g. `Business1:1024`.
         key: String,
@@ -199,12 +201,48 @@ fn seconds(duration: Duration) -> String {
     format!("{:.3} s", duration.as_secs_f64())
 }
 
+/// Who a holder is: `app (pid N) on host`, or that its lock's value does not say (a lock taken
+/// by an older version).
+fn who(holder: &Holder) -> String {
+    match (holder.app(), holder.pid(), holder.host()) {
+        (Some(app), Some(pid), Some(host)) => format!("{app} (pid {pid}) on {host}"),
+        _ => "unknown (taken by an older version)".to_owned(),
+    }
+}
+
+/// How long ago a holder took its lock, by this machine's clock.
+fn since(holder: &Holder) -> Option<String> {
+    let acquired = holder.acquired_at()?;
+    let ago = std::time::SystemTime::now()
+        .duration_since(acquired)
+        .unwrap_or_default();
+    Some(format!("{} ago", seconds(ago)))
+}
+
+/// When a holder took its lock, ms since the Unix epoch.
+fn acquired_at_ms(holder: &Holder) -> Option<u64> {
+    let since = holder
+        .acquired_at()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some(millis(since))
+}
+
+/// A holder as JSON: `token_hint`, `ttl_ms`, and who took it when (`null` when its value does
+/// not say).
+fn holder_json(holder: &Holder) -> serde_json::Value {
+    json!({
+        "token_hint": holder.token_hint(),
+        "ttl_ms": millis(holder.time_left()),
+        "host": holder.host(),
+        "pid": holder.pid(),
+        "app": holder.app(),
+        "acquired_at_ms": acquired_at_ms(holder),
+    })
+}
+
 fn as_json(lock: &LockInfo) -> serde_json::Value {
-    let holders: Vec<serde_json::Value> = lock
-        .holders()
-        .iter()
-        .map(|holder| json!({"token_hint": holder.token_hint(), "ttl_ms": millis(holder.time_left())}))
-        .collect();
+    let holders: Vec<serde_json::Value> = lock.holders().iter().map(holder_json).collect();
     json!({
         "key": lock.key(),
         "kind": kind_name(lock.kind()),
@@ -238,13 +276,17 @@ async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, Lock
             if count == 0 {
                 written(writeln!(
                     out,
-                    "{:40}  {:12}  {:>12}  {:>7}  {:>7}",
+                    "{:40}  {:12}  {:>12}  {:>7}  {:>7}  HELD BY",
                     "KEY", "KIND", "TIME LEFT", "HOLDERS", "WAITERS"
                 ))?;
             }
+            let held_by = match lock.holders() {
+                [holder] => who(holder),
+                holders => format!("{} holders", holders.len()),
+            };
             written(writeln!(
                 out,
-                "{:40}  {:12}  {:>12}  {:>7}  {:>7}",
+                "{:40}  {:12}  {:>12}  {:>7}  {:>7}  {held_by}",
                 lock.key(),
                 kind_name(lock.kind()),
                 seconds(lock.time_left()),
@@ -279,14 +321,23 @@ async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, Lock
     if lock.kind() == LockKind::Exclusive
         && let Some(holder) = lock.holders().first()
     {
-        lines.push(format!("holder:     {}…", holder.token_hint()));
+        lines.push(format!(
+            "holder:     {}…  {}",
+            holder.token_hint(),
+            who(holder)
+        ));
+        if let Some(since) = since(holder) {
+            lines.push(format!("acquired:   {since}"));
+        }
     } else {
         lines.push(format!("holders:    {}", lock.holders().len()));
         for holder in lock.holders() {
+            let since = since(holder).map_or(String::new(), |since| format!(", acquired {since}"));
             lines.push(format!(
-                "  {}…  {} left",
+                "  {}…  {} left  {}{since}",
                 holder.token_hint(),
-                seconds(holder.time_left())
+                seconds(holder.time_left()),
+                who(holder),
             ));
         }
     }
@@ -317,7 +368,7 @@ async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Resul
         let hints: Vec<String> = lock
             .holders()
             .iter()
-            .map(|holder| format!("{}…", holder.token_hint()))
+            .map(|holder| format!("{}…, {}", holder.token_hint(), who(holder)))
             .collect();
         eprint!(
             "Release `{key}` ({}, held by {})? [y/N] ",
@@ -356,12 +407,19 @@ async fn watch(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockEr
         let at_ms = millis(started.elapsed());
         let at = at_ms as f64 / 1000.0;
         let line = match event? {
-            LockEvent::Acquired { token_hint } if json => {
-                json!({"event": "acquired", "key": key, "token_hint": token_hint, "at_ms": at_ms})
-                    .to_string()
-            }
-            LockEvent::Acquired { token_hint } => {
-                format!("{at:9.3}s  {key}  acquired by {token_hint}…")
+            LockEvent::Acquired { holder, .. } if json => json!({
+                "event": "acquired",
+                "key": key,
+                "token_hint": holder.token_hint(),
+                "holder": holder_json(&holder),
+                "at_ms": at_ms,
+            })
+            .to_string(),
+            LockEvent::Acquired { token_hint, holder } => {
+                format!(
+                    "{at:9.3}s  {key}  acquired by {token_hint}…  {}",
+                    who(&holder)
+                )
             }
             LockEvent::Released if json => {
                 json!({"event": "released", "key": key, "at_ms": at_ms}).to_string()

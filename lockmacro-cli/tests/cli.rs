@@ -225,7 +225,7 @@ async fn list_walks_a_hundred_thousand_keys() {
 async fn inspect_masks_the_token_and_shows_time_left_fencing_and_waiters() {
     let server = RedisServer::start();
     let url = one(server.url());
-    let locks = built(LockClient::builder(&server.url())).await;
+    let locks = built(LockClient::builder(&server.url()).app_name("report-builder")).await;
     let held = locks
         .acquire("reports:7", opts(30_000).fencing(true))
         .await
@@ -244,6 +244,12 @@ async fn inspect_masks_the_token_and_shows_time_left_fencing_and_waiters() {
         }
     });
     waiter_subscribed(&server, "reports:7").await;
+    // The waiter is counted from its first look once subscribed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while locks.inspect("reports:7").await.unwrap().unwrap().waiters() != 1 {
+        assert!(std::time::Instant::now() < deadline, "the waiter counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let shown = lockmacro(&url, &["inspect", "reports:7"]);
     assert!(shown.status.success(), "{}", stderr(&shown));
@@ -257,6 +263,9 @@ async fn inspect_masks_the_token_and_shows_time_left_fencing_and_waiters() {
     assert!(text.contains("time left:"), "{text}");
     assert!(text.contains(&format!("fencing:    {fence}")), "{text}");
     assert!(text.contains("waiters:    1"), "{text}");
+    let who = format!("report-builder (pid {}) on ", std::process::id());
+    assert!(text.contains(&who), "who holds it: {text}");
+    assert!(text.contains("acquired:   "), "since when: {text}");
 
     let object = json(&lockmacro(&url, &["inspect", "reports:7", "--json"]));
     assert_eq!(object["key"], "reports:7");
@@ -264,6 +273,10 @@ async fn inspect_masks_the_token_and_shows_time_left_fencing_and_waiters() {
     assert_eq!(object["fencing_token"], fence);
     assert_eq!(object["waiters"], 1);
     assert_eq!(object["holders"][0]["token_hint"], &held.token()[..4]);
+    assert_eq!(object["holders"][0]["app"], "report-builder");
+    assert_eq!(object["holders"][0]["pid"], std::process::id());
+    assert!(object["holders"][0]["host"].is_string(), "{object}");
+    assert!(object["holders"][0]["acquired_at_ms"].is_u64(), "{object}");
 
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap();

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::background::Background;
 use crate::engine::Timing;
 use crate::error::LockError;
+use crate::store::protocol::Origin;
 use crate::store::{Deployment, Names, Settings, Store};
 
 /// Configures a [`LockClient`](crate::LockClient); from
@@ -19,6 +20,7 @@ pub struct LockClientBuilder {
     response_timeout: Duration,
     shutdown_timeout: Duration,
     namespace: String,
+    app_name: Option<String>,
     #[cfg(feature = "tls")]
     tls_root_certificate: Option<Vec<u8>>,
 }
@@ -35,6 +37,7 @@ impl std::fmt::Debug for LockClientBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("namespace", &self.namespace)
+            .field("app_name", &self.app_name)
             .finish_non_exhaustive()
     }
 }
@@ -48,6 +51,7 @@ impl LockClientBuilder {
             response_timeout: Duration::from_secs(1),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             namespace: "lockmacro".to_owned(),
+            app_name: None,
             #[cfg(feature = "tls")]
             tls_root_certificate: None,
         }
@@ -84,6 +88,15 @@ impl LockClientBuilder {
     /// Default `lockmacro`; set it to live inside an ACL such as `~myapp:*` (`"myapp:lockmacro"`).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
+        self
+    }
+
+    /// The application name written into every lock this client takes, beside its host and
+    /// process id, so that `inspect`, `list`, `watch` and the command-line tool say who holds a
+    /// lock ([`Holder::app`](crate::Holder::app)). Default: the executable's name. Kept to
+    /// `[A-Za-z0-9._-]` (anything else becomes `_`), at most 64 characters.
+    pub fn app_name(mut self, name: impl Into<String>) -> Self {
+        self.app_name = Some(name.into());
         self
     }
 
@@ -125,6 +138,7 @@ impl LockClientBuilder {
                 shutdown_timeout: self.shutdown_timeout,
             },
             deployment: self.deployment.describe(),
+            origin: Origin::of_this_process(self.app_name.as_deref()),
         })
     }
 
@@ -143,6 +157,8 @@ pub(crate) struct Parts {
     pub(crate) timing: Timing,
     /// How the deployment is shown: never a password.
     pub(crate) deployment: String,
+    /// Who takes its locks: written into every lock value.
+    pub(crate) origin: Origin,
 }
 
 /// Without `tls-insecure`, `#insecure` is refused when building, with the feature named, rather

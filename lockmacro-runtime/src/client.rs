@@ -159,6 +159,7 @@ impl LockClient {
                 shutdown_timeout: crate::builder::DEFAULT_SHUTDOWN_TIMEOUT,
             },
             deployment: "in memory".to_owned(),
+            origin: crate::protocol::Origin::of_this_process(None),
         });
         Self {
             memory: Some(store),
@@ -174,7 +175,12 @@ impl LockClient {
             response_timeout: parts.timing.response_timeout,
         };
         Self {
-            engine: Arc::new(Engine::new(parts.store, parts.background, parts.timing)),
+            engine: Arc::new(Engine::new(
+                parts.store,
+                parts.background,
+                parts.timing,
+                parts.origin,
+            )),
             describe: Arc::new(describe),
             #[cfg(feature = "test-util")]
             memory: None,

@@ -29,6 +29,14 @@ pub(crate) fn instant_at(nanos: u64) -> Instant {
         .unwrap_or_else(far_future)
 }
 
+/// The wall clock, ms since the Unix epoch: when a lease was taken as its value says, and when
+/// a waiter began waiting as its reservation says (0 before the epoch).
+pub(crate) fn epoch_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, millis)
+}
+
 /// `from + wait`, saturating: `Duration::MAX` means "wait forever", not an overflow.
 pub(crate) fn after(from: Instant, wait: Duration) -> Instant {
     from.checked_add(wait).unwrap_or_else(far_future)

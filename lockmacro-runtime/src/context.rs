@@ -99,7 +99,7 @@ impl LockContext {
     /// digits without hyphens (the key's value may carry a trailing `+` while a caller waits;
     /// this is always the bare token).
     pub fn token(&self) -> &str {
-        &self.lease.token
+        self.lease.token()
     }
 
     /// The kind of lock held: exclusive, read, or one of N permits.

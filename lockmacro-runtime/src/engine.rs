@@ -23,6 +23,7 @@ use crate::renewal::RenewalQueue;
 use crate::right::{Keeper, ReleaseRight};
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
+use crate::store::protocol::Origin;
 use crate::store::{Store, release_until_settled};
 use crate::waiters::WaitQueue;
 
@@ -37,6 +38,8 @@ pub(crate) struct Engine {
     /// Set by [`shutdown`](Self::shutdown): no lock is taken or kept after it.
     closing: Closing,
     shutdown_timeout: Duration,
+    /// Who takes this client's locks: written into every lock value.
+    origin: Origin,
     /// Last: dropping it stops the watchdog and the subscriber.
     background: Background,
 }
@@ -87,7 +90,12 @@ enum Waited {
 }
 
 impl Engine {
-    pub(crate) fn new(store: Arc<dyn Store>, background: Background, timing: Timing) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        background: Background,
+        timing: Timing,
+        origin: Origin,
+    ) -> Self {
         static IDS: AtomicU64 = AtomicU64::new(1);
         metrics::describe();
         Self {
@@ -99,8 +107,14 @@ impl Engine {
             in_flight: turns::Turns::new(REQUESTS_IN_FLIGHT),
             closing: Closing::default(),
             shutdown_timeout: timing.shutdown_timeout,
+            origin,
             background,
         }
+    }
+
+    /// The value a lease of `token` taken now stores: the token, the time, and who takes it.
+    fn value_of(&self, token: &str) -> String {
+        self.origin.value(token, clock::epoch_millis())
     }
 
     /// Sends an acquire in its turn (see [`REQUESTS_IN_FLIGHT`]): its reply, and when it went
@@ -225,11 +239,35 @@ impl Engine {
             match release_until_settled(store.as_ref(), lease.lease_ref()).await {
                 Some(true) => {
                     for key in lease.all_keys() {
-                        waker.released_here(key, &lease.token);
+                        waker.released_here(key, &lease.value);
                     }
                 }
                 Some(false) => {}
                 None => metrics::release(&lease.prefix, "failed"),
+            }
+        });
+    }
+
+    /// The waiter of `token` leaves `key` without the lock, in the background (see
+    /// `Store::leave`), tried again until answered or `ttl` has passed (by then a key handed to
+    /// it has expired, and its count entry will).
+    fn leave_in_background(&self, key: &str, token: &str, ttl: Duration) {
+        let (store, key, token) = (self.store.clone(), key.to_owned(), token.to_owned());
+        self.background.spawn(async move {
+            let give_up = tokio::time::Instant::now() + ttl;
+            let mut backoff = clock::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            loop {
+                match store.leave(&key, &token).await {
+                    Ok(()) => return,
+                    Err(error) => {
+                        let pause = backoff.next_delay();
+                        if tokio::time::Instant::now() + pause >= give_up {
+                            tracing::warn!(key = %key, error = %error, "a waiter could not leave the key; its reservation and count expire with it");
+                            return;
+                        }
+                        tokio::time::sleep(pause).await;
+                    }
+                }
             }
         });
     }

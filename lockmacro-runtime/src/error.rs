@@ -15,8 +15,9 @@ pub enum LockError {
     Busy {
         /// The Redis key of the lock.
         key: String,
-        /// How long the holder's lease had left when last seen, when known (a call that
-        /// waited learns it; a fail-fast `SET NX` does not): a fair `Retry-After`.
+        /// How long a caller coming back now may wait, when known: the callers waiting ahead of
+        /// it, each served in the time the key's waiters have lately been served, the holder's
+        /// remaining lease when nothing is known of its waiters. A fair `Retry-After`.
         retry_after: Option<std::time::Duration>,
     },
 
@@ -73,6 +74,20 @@ pub enum LockError {
     ShutDown {
         /// The Redis key of the lock.
         key: String,
+    },
+
+    /// The lock's key holds something that is not a lock of this library (a string of another
+    /// application, a hash without lockmacro's `kind` field, a list…). lockmacro never writes
+    /// such a key: the work never ran, and the key is left as it was. Lock keys are
+    /// `"{prefix}:{key}"`: choose a prefix no other data lives under.
+    #[error(
+        "lock `{key}` cannot be taken: the key holds {found}, not a lock of lockmacro, and is left as it is; use a prefix no other data lives under"
+    )]
+    NotALock {
+        /// The Redis key of the lock.
+        key: String,
+        /// What the key holds instead (its type, never its contents).
+        found: String,
     },
 
     /// The key rendered empty or longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN). Checked before any I/O.
@@ -135,6 +150,11 @@ impl std::fmt::Debug for LockError {
                 .field("needed", needed)
                 .finish(),
             Self::ShutDown { key } => f.debug_struct("ShutDown").field("key", key).finish(),
+            Self::NotALock { key, found } => f
+                .debug_struct("NotALock")
+                .field("key", key)
+                .field("found", found)
+                .finish(),
             Self::InvalidKey { key, reason } => f
                 .debug_struct("InvalidKey")
                 .field("key", key)
@@ -164,6 +184,7 @@ impl LockError {
             | Self::Lost { key }
             | Self::InvalidKey { key, .. }
             | Self::NoQuorum { key, .. }
+            | Self::NotALock { key, .. }
             | Self::ShutDown { key } => Some(key),
             Self::Redis { key, .. } => key.as_deref(),
             Self::Config { .. } | Self::InvalidOptions { .. } => None,

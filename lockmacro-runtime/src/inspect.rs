@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
 use futures_util::stream::{self, Stream};
@@ -19,6 +19,7 @@ use crate::client::LockClient;
 use crate::error::LockError;
 use crate::key::check_key;
 use crate::options::LockKind;
+use crate::store::protocol::{Announcement, LockValue};
 use crate::store::{Cursor, ReleaseFeed, Snapshot, Store, StoreError};
 
 /// How many characters of a holder's token inspection shows.
@@ -70,11 +71,13 @@ impl LockInfo {
         self.fencing_token
     }
 
-    /// Callers known to wait for it: the larger of the clients subscribed to its release
-    /// announcements (`PUBSUB NUMSUB`, `SHARDNUMSUB` on a Cluster; a client subscribes once
-    /// however many of its callers wait, and a running [`LockClient::watch`] counts as one) and
-    /// the live places in its fair queue (one per fair waiter). On Redlock, the most that a
-    /// majority of the masters report; in memory, the same two figures from the store.
+    /// Callers waiting for it: each caller counts once (eight callers of one client are eight),
+    /// from its first look at the busy key while waiting until it takes the lock or gives up; a
+    /// [`LockClient::watch`] is no caller. A caller parked behind others of its own client is
+    /// counted from its first look (within 100 ms, unless it was handed the lock before); one
+    /// whose process died counts until its entry lapses (its ttl, or the holder's remaining
+    /// lease it would have slept out, at most). On Redlock, the most that a majority of the
+    /// masters report.
     pub fn waiters(&self) -> usize {
         self.waiters
     }
@@ -83,10 +86,7 @@ impl LockInfo {
         let mut holders: Vec<Holder> = snapshot
             .holders
             .into_iter()
-            .map(|(token, time_left)| Holder {
-                token_hint: token_hint(&token),
-                time_left,
-            })
+            .map(|(value, time_left)| Holder::of_value(&value, time_left))
             .collect();
         holders.sort_by_key(|holder| std::cmp::Reverse(holder.time_left));
         Self {
@@ -99,14 +99,59 @@ impl LockInfo {
     }
 }
 
-/// One holder of a lock.
+/// One holder of a lock: which lease (a hint of its token), how long it has left, and who took
+/// it when (read from the lock's value; `None` for a lock taken by a version before 0.1's
+/// holder identity, whose value is the bare token).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
     token_hint: String,
     time_left: Duration,
+    host: Option<String>,
+    pid: Option<u32>,
+    app: Option<String>,
+    acquired_at: Option<SystemTime>,
 }
 
 impl Holder {
+    /// The holder whose lock value is `value`, with `time_left`.
+    fn of_value(value: &str, time_left: Duration) -> Self {
+        let parsed = LockValue::parse(value);
+        let token = parsed.map_or(value, |parsed| parsed.token);
+        Self {
+            token_hint: token_hint(token),
+            time_left,
+            host: parsed.and_then(|parsed| parsed.host).map(str::to_owned),
+            pid: parsed.and_then(|parsed| parsed.pid),
+            app: parsed.and_then(|parsed| parsed.app).map(str::to_owned),
+            acquired_at: parsed
+                .and_then(|parsed| parsed.acquired_ms)
+                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+        }
+    }
+
+    /// The host the holder runs on (its name as the holder's process saw it, kept to
+    /// `[A-Za-z0-9._-]`).
+    pub fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+
+    /// The holder's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// The holder's application name: [`LockClientBuilder::app_name`](crate::LockClientBuilder::app_name),
+    /// else its executable's name.
+    pub fn app(&self) -> Option<&str> {
+        self.app.as_deref()
+    }
+
+    /// When the holder took the lock, by its own clock (a lock handed over from holder to
+    /// holder: when this holder got it).
+    pub fn acquired_at(&self) -> Option<SystemTime> {
+        self.acquired_at
+    }
+
     /// At most the first 4 characters of the holder's token: enough to tell holders apart in a
     /// log ([`LockContext::token`](crate::LockContext::token) of the holder starts with it),
     /// never enough to release the lock as its holder.
@@ -128,6 +173,9 @@ pub enum LockEvent {
     Acquired {
         /// At most the first 4 characters of the new holder's token.
         token_hint: String,
+        /// Who took it, and when (its time left as the watch saw it: zero for a hold that
+        /// began and ended between two of the watch's looks, known only from its release).
+        holder: Holder,
     },
     /// The key became free: released, expired, or forced.
     Released,
@@ -135,6 +183,15 @@ pub enum LockEvent {
 
 fn token_hint(token: &str) -> String {
     token.chars().take(TOKEN_HINT_CHARS).collect()
+}
+
+/// The event of a holder of `value` taking the key, with `time_left`.
+fn acquired(value: &str, time_left: Duration) -> LockEvent {
+    let holder = Holder::of_value(value, time_left);
+    LockEvent::Acquired {
+        token_hint: holder.token_hint.clone(),
+        holder,
+    }
 }
 
 /// A boxed stream, as the inspection methods return.
@@ -278,7 +335,11 @@ impl LockClient {
     /// let mut events = locks.watch("Business1:1024");
     /// while let Some(event) = events.try_next().await? {
     ///     match event {
-    ///         LockEvent::Acquired { token_hint } => println!("acquired by {token_hint}…"),
+    ///         LockEvent::Acquired { token_hint, holder } => println!(
+    ///             "acquired by {token_hint}… ({} on {})",
+    ///             holder.app().unwrap_or("?"),
+    ///             holder.host().unwrap_or("?")
+    ///         ),
     ///         LockEvent::Released => println!("released"),
     ///         _ => {}
     ///     }
@@ -317,7 +378,8 @@ struct Watcher {
     store: Arc<dyn Store>,
     key: String,
     feed: Option<Box<dyn ReleaseFeed>>,
-    /// The tokens of the holders last seen.
+    /// The tokens of the holders last seen (a holder's value may change under it: a waiter
+    /// handed the key rewrites it when it looks).
     held: Vec<String>,
     /// Tokens whose release was reported already (an announcement may come after a look).
     reported: VecDeque<String>,
@@ -362,7 +424,7 @@ impl Watcher {
         {
             tokio::select! {
                 heard = feed.next_release() => match heard {
-                    Some(released) if released.key == self.key => self.heard(released.token),
+                    Some(released) if released.key == self.key => self.heard(&released.message),
                     Some(_) => return Ok(()),
                     None => {
                         self.feed = None;
@@ -381,7 +443,8 @@ impl Watcher {
             snapshot
                 .holders
                 .iter()
-                .any(|(token, _)| !self.held.contains(token) && !self.reported.contains(token))
+                .map(|(value, _)| crate::protocol::holder_token(value))
+                .any(|token| !self.is_held(token) && !self.is_reported(token))
         });
         if news && let Some(feed) = self.feed.as_mut() {
             // A holder the watch has not seen: the announcements of the holds that ended before
@@ -400,7 +463,7 @@ impl Watcher {
             }
             for released in heard {
                 if released.key == self.key {
-                    self.heard(released.token);
+                    self.heard(&released.message);
                 }
             }
         }
@@ -408,59 +471,64 @@ impl Watcher {
         Ok(())
     }
 
-    /// A release of `token` was announced.
-    fn heard(&mut self, token: String) {
+    /// An announcement `message` was heard: a holder's release (its value), a hold that kept
+    /// the key or an undone attempt ("look again", empty), or a release that handed the key to
+    /// a waiter (whose hold the next look sees).
+    fn heard(&mut self, message: &str) {
         self.look_now = true;
-        if token.is_empty() || self.reported.contains(&token) {
+        let released = Announcement::parse(message).released;
+        let token = crate::protocol::holder_token(released);
+        if token.is_empty() || self.is_reported(token) {
             return;
         }
-        if let Some(at) = self.held.iter().position(|held| *held == token) {
+        if let Some(at) = self.held.iter().position(|held| held == token) {
             self.held.remove(at);
             if self.held.is_empty() {
                 self.events.push_back(LockEvent::Released);
             }
         } else if self.held.is_empty() {
             // A hold that began and ended between two looks.
-            self.events.push_back(LockEvent::Acquired {
-                token_hint: token_hint(&token),
-            });
+            self.events.push_back(acquired(released, Duration::ZERO));
             self.events.push_back(LockEvent::Released);
         } else {
             // A shared holder never seen, leaving while others hold: the key stays held.
             return;
         }
-        self.remember(token);
+        self.remember(token.to_owned());
     }
 
     /// A look found `found`.
     fn saw(&mut self, found: Option<Snapshot>) {
-        let now: Vec<String> = found
-            .map(|snapshot| {
-                snapshot
-                    .holders
-                    .into_iter()
-                    .map(|(token, _)| token)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let now: Vec<String> = now
+        let now: Vec<(String, Duration)> = found
+            .map(|snapshot| snapshot.holders)
+            .unwrap_or_default()
             .into_iter()
-            .filter(|token| !self.reported.contains(token))
+            .filter(|(value, _)| !self.is_reported(crate::protocol::holder_token(value)))
             .collect();
-        if !self.held.is_empty() && !self.held.iter().any(|held| now.contains(held)) {
+        let tokens: Vec<String> = now
+            .iter()
+            .map(|(value, _)| crate::protocol::holder_token(value).to_owned())
+            .collect();
+        if !self.held.is_empty() && !self.held.iter().any(|held| tokens.contains(held)) {
             self.events.push_back(LockEvent::Released);
             for token in std::mem::take(&mut self.held) {
                 self.remember(token);
             }
         }
-        for token in &now {
-            if !self.held.contains(token) {
-                self.events.push_back(LockEvent::Acquired {
-                    token_hint: token_hint(token),
-                });
+        for ((value, left), token) in now.iter().zip(&tokens) {
+            if !self.is_held(token) {
+                self.events.push_back(acquired(value, *left));
             }
         }
-        self.held = now;
+        self.held = tokens;
+    }
+
+    fn is_held(&self, token: &str) -> bool {
+        self.held.iter().any(|held| held == token)
+    }
+
+    fn is_reported(&self, token: &str) -> bool {
+        self.reported.iter().any(|reported| reported == token)
     }
 
     fn remember(&mut self, token: String) {

@@ -59,7 +59,7 @@ impl Lease {
 
     /// The random value stored under the key: proof of ownership.
     pub fn token(&self) -> &str {
-        &self.state.token
+        self.state.token()
     }
 
     /// The fencing token, when the lock was taken with fencing on.

@@ -59,7 +59,7 @@
 //! |---|---|---|
 //! | `tls` | yes | `rediss://` URLs through rustls, beside whichever rustls provider the process uses |
 //! | `tls-insecure` | no | `#insecure` at the end of a `rediss://` URL turns certificate verification off (tests only); opt-in, since it turns on redis-rs's `tls-rustls-insecure` for the whole application |
-//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict (with `Retry-After` when known) when busy, 500 for the programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`), 503 with `Retry-After` otherwise; the same as JSON (`axum::JsonLockError`) or in a body of the app's own (`axum::LockErrorResponse`); the live locks page, a `Router` to mount (`axum::locks_page`) |
+//! | `axum` | no | `IntoResponse` for [`LockError`]: 409 Conflict (with `Retry-After` when known) when busy, 500 for the programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`, `NotALock`), 503 with `Retry-After` otherwise; the same as JSON (`axum::JsonLockError`) or in a body of the app's own (`axum::LockErrorResponse`); the live locks page, a `Router` to mount (`axum::locks_page`) |
 //! | `metrics` | no | counters, histograms and gauges through the `metrics` 0.24 facade |
 //! | `test-util` | no | `LockClient::in_memory`: locks in the process, for tests, under paused time too (tokio's own `test-util` feature gives `#[tokio::test(start_paused = true)]`) |
 //!

@@ -24,7 +24,9 @@ pub(crate) struct LeaseState {
     pub(crate) key: String,
     /// Every key of a multi-key lease, `key` first; empty for a lease of one key.
     pub(crate) keys: Box<[String]>,
-    pub(crate) token: String,
+    /// What the key holds for it (`protocol::lock_value`): its token, when and by whom it was
+    /// taken.
+    pub(crate) value: String,
     pub(crate) kind: LockKind,
     pub(crate) ttl: Duration,
     pub(crate) max_renewals: Option<u32>,
@@ -69,7 +71,7 @@ impl LeaseState {
         id: u64,
         engine_id: u64,
         key: String,
-        token: String,
+        value: String,
         options: &LockOptions,
         fencing_token: Option<u64>,
         sent_at: u64,
@@ -80,7 +82,7 @@ impl LeaseState {
             engine_id,
             key,
             keys: Box::default(),
-            token,
+            value,
             kind: options.kind,
             ttl: options.ttl,
             max_renewals: options.max_renewals,
@@ -105,6 +107,11 @@ impl LeaseState {
             release_claimed: AtomicBool::new(false),
             cancel: OnceLock::new(),
         }
+    }
+
+    /// The token of its value: proof that the lease is ours.
+    pub(crate) fn token(&self) -> &str {
+        crate::store::protocol::holder_token(&self.value)
     }
 
     /// The same lease over every key of `keys` (the first is its `key`): a multi-key lease.
@@ -132,7 +139,7 @@ impl LeaseState {
         LeaseRef {
             key: &self.key,
             keys: &self.keys,
-            token: &self.token,
+            value: &self.value,
             kind: self.kind,
             ttl: self.ttl,
             hold_until: self.hold_until(),

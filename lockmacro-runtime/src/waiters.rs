@@ -2,7 +2,10 @@
 //! subscription per client, on the client's runtime, wakes that client's waiters.
 //!
 //! A release wakes one waiter per client (FIFO, through [`Notify::notify_one`]), not all of
-//! them, so a thousand waiters on one key do not stampede Redis. A waiter also sleeps no longer
+//! them, so a thousand waiters on one key do not stampede Redis. A release that handed the key
+//! to a caller it was reserved for (one that waited too long, see `protocol::STARVING_AFTER`)
+//! wakes that caller alone, wherever it runs: the key is not free for anyone else; one other
+//! caller that waited too long looks again too, to reserve the key for itself in turn. A waiter also sleeps no longer
 //! than the holder's remaining lease (jittered): that covers a holder that died without
 //! announcing anything, and any time the subscription is down. When subscribing fails the
 //! waiters are told at once (they fall back to that timing, and look again at each failed try),
@@ -26,6 +29,7 @@ use crate::clock::Backoff;
 use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
 use crate::right::ReleaseRight;
+use crate::store::protocol::Announcement;
 use crate::store::{ReleaseFeed, Store, StoreError};
 use crate::sync::lock;
 
@@ -59,7 +63,12 @@ struct KeyWaiters {
     candidates: Mutex<VecDeque<Candidate>>,
     /// Callers parked on a release of the key now.
     parked: std::sync::atomic::AtomicUsize,
-    /// The token of this client's last release of the key: its waiters were woken already, so
+    /// Parked callers that waited too long and reserve the key at each look.
+    starving: std::sync::atomic::AtomicUsize,
+    /// Parked callers, by token, that a release may hand the key to (they reserved it): woken
+    /// alone when an announcement names them.
+    expecting: Mutex<HashMap<String, Arc<Notify>>>,
+    /// The value of this client's last release of the key: its waiters were woken already, so
     /// the announcement of that release is no news.
     released_here: Mutex<Option<String>>,
 }
@@ -206,14 +215,14 @@ impl WaitQueue {
         outcome.await.unwrap_or(Ok(()))
     }
 
-    /// A lease of this client on `key` (held by `token`) was released: its waiters look again
-    /// now, whether or not the release is announced (a release's announcement depends on a
-    /// waiter's mark, which this client's own waiters need not rely on).
-    pub(crate) fn released_here(&self, key: &str, token: &str) {
+    /// A lease of this client on `key` (of `value`) was released: its waiters look again now,
+    /// whether or not the release is announced (a release's announcement depends on a waiter's
+    /// mark, which this client's own waiters need not rely on).
+    pub(crate) fn released_here(&self, key: &str, value: &str) {
         if self.waited_keys.load(std::sync::atomic::Ordering::Acquire) == 0 {
             return;
         }
-        wake_after_release(&self.keys, key, token);
+        wake_after_release(&self.keys, key, value);
     }
 
     /// What wakes this client's waiters after a release made elsewhere (in the background).
@@ -253,6 +262,8 @@ impl WaitQueue {
                     hearing: watch::Sender::new(Hearing::Pending),
                     candidates: Mutex::new(VecDeque::new()),
                     parked: std::sync::atomic::AtomicUsize::new(0),
+                    starving: std::sync::atomic::AtomicUsize::new(0),
+                    expecting: Mutex::new(HashMap::new()),
                     released_here: Mutex::new(None),
                 })
             })
@@ -314,7 +325,6 @@ impl Ticket<'_> {
             options: *options,
             outcome: told,
         });
-        tracing::debug!(key = %self.key, "waiting for a release of this client to hand the lock over");
         Offer {
             waiters: self.waiters.clone(),
             id,
@@ -341,12 +351,34 @@ impl Ticket<'_> {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Counts this caller as parked on the key until the returned value drops.
-    pub(crate) fn park(&self) -> Parked<'_> {
+    /// Counts this caller as parked on the key until the returned value drops; `starving`
+    /// when it waited too long (it reserves the key at each look).
+    pub(crate) fn park(&self, starving: bool) -> Parked<'_> {
         self.waiters
             .parked
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Parked(&self.waiters)
+        if starving {
+            self.waiters
+                .starving
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        Parked {
+            waiters: &self.waiters,
+            starving,
+        }
+    }
+
+    /// Expects the key to be handed to `token` (the caller reserved it): the returned value is
+    /// woken when an announcement says so (a wake-up that comes before it is awaited is kept),
+    /// until it drops.
+    pub(crate) fn expect(&self, token: &str) -> Expecting {
+        let handed = Arc::new(Notify::new());
+        lock(&self.waiters.expecting).insert(token.to_owned(), handed.clone());
+        Expecting {
+            waiters: self.waiters.clone(),
+            token: token.to_owned(),
+            handed,
+        }
     }
 
     /// Waits for a release of the key, or `fallback`, whichever comes first; at once if one was
@@ -363,33 +395,66 @@ impl Ticket<'_> {
     }
 }
 
+/// A caller that reserved a key, waiting to be told it was handed the key.
+pub(crate) struct Expecting {
+    waiters: Arc<KeyWaiters>,
+    token: String,
+    handed: Arc<Notify>,
+}
+
+impl Expecting {
+    /// Returns once an announcement said the key was handed to this caller.
+    pub(crate) async fn handed(&self) {
+        self.handed.notified().await;
+    }
+
+    /// Whether it expects the key for `token`.
+    pub(crate) fn is_for(&self, token: &str) -> bool {
+        self.token == token
+    }
+}
+
+impl Drop for Expecting {
+    fn drop(&mut self) {
+        lock(&self.waiters.expecting).remove(&self.token);
+    }
+}
+
 /// Wakes a client's waiters after one of its releases, from wherever the release ran.
 #[derive(Clone)]
 pub(crate) struct ReleaseWaker(Arc<Keys>);
 
 impl ReleaseWaker {
     /// As [`WaitQueue::released_here`].
-    pub(crate) fn released_here(&self, key: &str, token: &str) {
-        wake_after_release(&self.0, key, token);
+    pub(crate) fn released_here(&self, key: &str, value: &str) {
+        wake_after_release(&self.0, key, value);
     }
 }
 
-fn wake_after_release(keys: &Keys, key: &str, token: &str) {
+fn wake_after_release(keys: &Keys, key: &str, value: &str) {
     let Some(waiters) = lock(keys).get(key).cloned() else {
         return;
     };
-    *lock(&waiters.released_here) = Some(token.to_owned());
+    *lock(&waiters.released_here) = Some(value.to_owned());
     waiters.wake();
 }
 
 /// A caller parked on a key's release; counted until dropped.
-pub(crate) struct Parked<'a>(&'a KeyWaiters);
+pub(crate) struct Parked<'a> {
+    waiters: &'a KeyWaiters,
+    starving: bool,
+}
 
 impl Drop for Parked<'_> {
     fn drop(&mut self) {
-        self.0
+        self.waiters
             .parked
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        if self.starving {
+            self.waiters
+                .starving
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
     }
 }
 
@@ -420,6 +485,31 @@ impl Drop for Ticket<'_> {
 }
 
 impl KeyWaiters {
+    /// An announcement `message` was heard (see `protocol::Announcement`).
+    fn heard(&self, message: &str) {
+        let heard = Announcement::parse(message);
+        if let Some(token) = heard.handed_to {
+            // Handed to a caller it was reserved for: not free for anyone else. That caller
+            // (if it is one of ours) takes it; one of ours that waited too long looks again,
+            // to reserve it in turn.
+            if let Some(handed) = lock(&self.expecting).get(token) {
+                handed.notify_one();
+            }
+            if self.starving.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                self.released.notify_one();
+            }
+            return;
+        }
+        let mut here = lock(&self.released_here);
+        if !heard.released.is_empty() && here.as_deref() == Some(heard.released) {
+            // This client's own release: its waiters were woken then.
+            *here = None;
+        } else {
+            drop(here);
+            self.wake();
+        }
+    }
+
     /// After a release: one waiter looks (FIFO within the client), or every waiter when some
     /// must all look; a permit is kept for a waiter between two looks.
     fn wake(&self) {
@@ -479,14 +569,7 @@ impl Listener {
                 released = released => match released {
                     Some(released) => {
                         if let Some(waiters) = lock(&self.keys).get(&released.key) {
-                            let mut here = lock(&waiters.released_here);
-                            if here.as_deref() == Some(released.token.as_str()) {
-                                // This client's own release: its waiters were woken then.
-                                *here = None;
-                            } else {
-                                drop(here);
-                                waiters.wake();
-                            }
+                            waiters.heard(&released.message);
                         }
                     }
                     None => self.lost("the release subscription's connection closed"),

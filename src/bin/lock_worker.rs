@@ -12,6 +12,10 @@
 //! `lock_worker hold-graceful URL KEY TTL_MS`: as `hold`, but on SIGTERM it shuts its client down
 //! (releasing the lock), prints `shut down`, and exits.
 //!
+//! `lock_worker turns DEPLOYMENT KEYS TASKS HOLD_US WAIT_MS TTL_MS START_NS RUN_MS`: callers
+//! taking turns on one key (or on a comma-separated list at once) from `START_NS` on, each
+//! printing a line per call ([`testkit::turns`]).
+//!
 //! `lock_worker ticker URL KEY TTL_MS`: runs a body under `run_locked` (unlimited renewals,
 //! fencing on) that prints `fence F`, then forever writes through a fencing-checked storage
 //! script and prints `tick N MONOTONIC_NS accepted|rejected` every 20 ms. When the call ends it
@@ -27,12 +31,20 @@ use testkit::monotonic_ns;
 
 #[tokio::main]
 async fn main() {
+    // `RUST_LOG=lockmacro_runtime=debug` shows what the lock does, on stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("count") => count(&args[2], &args[3], parse(&args[4]), parse(&args[5])).await,
         Some("hold") => hold(&args[2], &args[3], parse(&args[4])).await,
         Some("hold-graceful") => hold_graceful(&args[2], &args[3], parse(&args[4])).await,
         Some("ticker") => ticker(&args[2], &args[3], parse(&args[4])).await,
+        Some("turns") => {
+            testkit::turns::take_turns(testkit::turns::Plan::from_args(&args[2..])).await
+        }
         _ => {
             eprintln!(
                 "usage: lock_worker count URL KEY TASKS INCREMENTS | hold URL KEY TTL_MS | ticker URL KEY TTL_MS"

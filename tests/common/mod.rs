@@ -31,6 +31,14 @@ pub async fn get(server: &RedisServer, key: &str) -> Option<String> {
     conn.get(key).await.expect("GET")
 }
 
+/// The token of the lock under `key` (its value's first field, marks left out), read with a
+/// raw connection: what `LockContext::token` of its holder says.
+pub async fn holder(server: &RedisServer, key: &str) -> Option<String> {
+    get(server, key)
+        .await
+        .map(|value| protocol::holder_token(&value).to_owned())
+}
+
 /// Waits until `check` holds, for events the library does not announce (a background release):
 /// polls every 10 ms and fails the test after `within`.
 pub async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
@@ -394,7 +402,7 @@ pub async fn lock_round_trip(locks: &LockClient, server: &RedisServer, namespace
         .run_locked(key, opts(150).unlimited_renewals().fencing(true), async {
             let lock = LockContext::current().unwrap();
             assert_eq!(
-                get(server, key).await.as_deref(),
+                holder(server, key).await.as_deref(),
                 Some(lock.token()),
                 "the lock is in Redis"
             );
@@ -566,4 +574,58 @@ pub fn count_in_three_processes(url: &str) {
         longest_overlap, 0,
         "critical sections overlapped by {longest_overlap} ns"
     );
+}
+
+/// `processes` `lock_worker turns` processes of `tasks` tasks each, taking turns on `keys` of
+/// `target` for `run` (each body holding the lock 1 ms, each call waiting up to 10 s), all
+/// starting at one instant: what their calls say ([`testkit::turns::Summary`]). Asserts that each
+/// exited cleanly and that no two calls held the lock at once.
+pub fn take_turns_in_processes(
+    target: &testkit::turns::Target,
+    keys: &[&str],
+    processes: usize,
+    tasks: usize,
+    run: Duration,
+) -> testkit::turns::Summary {
+    use testkit::turns::{Plan, Summary, read_calls};
+    let start_ns = testkit::monotonic_ns() + 2_000_000_000;
+    let plan = Plan {
+        target: target.clone(),
+        keys: keys.iter().map(|key| (*key).to_owned()).collect(),
+        tasks,
+        hold: Duration::from_millis(1),
+        wait: Duration::from_secs(10),
+        ttl: Duration::from_secs(30),
+        start_ns,
+        run,
+    };
+    let workers: Vec<_> = (0..processes)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+                .arg("turns")
+                .args(plan.args())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn lock_worker")
+        })
+        .collect();
+    let calls: Vec<_> = workers
+        .into_iter()
+        .map(|worker| {
+            let output = worker.wait_with_output().expect("lock_worker");
+            assert!(
+                output.status.success(),
+                "worker failed: {:?}",
+                output.status
+            );
+            read_calls(&String::from_utf8(output.stdout).expect("utf-8"))
+        })
+        .collect();
+    let summary = Summary::of(&calls, start_ns + run.as_nanos() as u64);
+    assert_eq!(
+        summary.longest_overlap,
+        Duration::ZERO,
+        "two holders at once"
+    );
+    summary
 }

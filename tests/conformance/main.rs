@@ -62,6 +62,10 @@ macro_rules! conformance {
                 a_shared_holders_hold_keeps_its_place,
                 a_waiter_elsewhere_wakes_at_the_holds_end_not_the_leases,
                 a_shared_holders_short_hold_frees_the_key_at_its_end,
+                waiters_are_the_callers_waiting_never_a_watch,
+                a_key_that_holds_no_lock_is_never_written,
+                inspect_says_who_holds_a_lock_and_since_when,
+                a_busy_client_cannot_keep_a_key_to_itself,
             );
         }
     };

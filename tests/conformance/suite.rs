@@ -6,13 +6,29 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use lockmacro_runtime::{LockContext, LockError, LockOptions};
-use testkit::Deployment;
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockInfo, LockOptions, protocol};
+use testkit::{Deployment, Foreign};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 fn opts(ttl_ms: u64) -> LockOptions {
     LockOptions::new().ttl(Duration::from_millis(ttl_ms))
+}
+
+/// Waits (5 s at most) until `key` is held with `waiters` callers counted as waiting for it.
+async fn waiters_become(locks: &LockClient, key: &str, waiters: usize) -> LockInfo {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = locks.inspect(key).await.unwrap().expect("held");
+        if info.waiters() == waiters {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{waiters} waiters not counted within 5 s: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Waits until `key` holds nothing, failing after `within`.
@@ -904,13 +920,36 @@ pub async fn fenced_waiters_of_one_client_follow_each_other_at_once(deployment: 
 /// The next event of a watch, failing after 10 s.
 async fn next_event(
     events: &mut lockmacro_runtime::LockStream<lockmacro_runtime::LockEvent>,
-) -> lockmacro_runtime::LockEvent {
+) -> Seen {
     use futures_util::StreamExt;
-    tokio::time::timeout(Duration::from_secs(10), events.next())
+    let event = tokio::time::timeout(Duration::from_secs(10), events.next())
         .await
         .expect("an event within 10 s")
         .expect("the watch goes on")
-        .expect("the watch reads the key")
+        .expect("the watch reads the key");
+    Seen::of(event)
+}
+
+/// What a test compares of a watch's event: which holder took the key (who it is and when are
+/// checked on their own), or that it was released.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Acquired(String),
+    Released,
+}
+
+impl Seen {
+    fn of(event: lockmacro_runtime::LockEvent) -> Self {
+        match event {
+            lockmacro_runtime::LockEvent::Acquired { token_hint, holder } => {
+                assert_eq!(holder.token_hint(), token_hint);
+                assert_eq!(holder.pid(), Some(std::process::id()), "{holder:?}");
+                Self::Acquired(token_hint)
+            }
+            lockmacro_runtime::LockEvent::Released => Self::Released,
+            other => panic!("an event this test does not expect: {other:?}"),
+        }
+    }
 }
 
 fn hint(token: &str) -> String {
@@ -950,8 +989,7 @@ pub async fn inspect_shows_holders_time_left_fencing_and_waiters(deployment: &im
             .await
     });
     deployment.waiter_subscribed("audit:1").await;
-    let info = locks.inspect("audit:1").await.unwrap().expect("held");
-    assert_eq!(info.waiters(), 1, "{info:?}");
+    let info = waiters_become(&locks, "audit:1", 1).await;
     assert_eq!(
         info.holders()[0].token_hint(),
         hint(held.token()),
@@ -1132,15 +1170,12 @@ pub async fn force_release_keeps_the_fair_queue_in_order(deployment: &impl Deplo
 /// `watch`: a holder taking the key, its release, the next holder right after it, a forced
 /// release and an expiry are each reported; a waiter arriving is not.
 pub async fn watch_reports_every_holder_and_release(deployment: &impl Deployment) {
-    use lockmacro_runtime::LockEvent;
     let locks = deployment.client().await;
     let mut events = locks.watch("watched:1");
     let first = locks.acquire("watched:1", opts(30_000)).await.unwrap();
     assert_eq!(
         next_event(&mut events).await,
-        LockEvent::Acquired {
-            token_hint: hint(first.token())
-        }
+        Seen::Acquired(hint(first.token()))
     );
     // A waiter of another client arrives (and marks the key): no event. Then the lock passes
     // to it: the release and the next holder are both reported, in order.
@@ -1164,28 +1199,24 @@ pub async fn watch_reports_every_holder_and_release(deployment: &impl Deployment
     });
     deployment.waiter_subscribed("watched:1").await;
     first.release().await.unwrap();
-    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+    assert_eq!(next_event(&mut events).await, Seen::Released);
     let second = second.await.unwrap();
     assert_eq!(
         next_event(&mut events).await,
-        LockEvent::Acquired {
-            token_hint: hint(&second)
-        },
+        Seen::Acquired(hint(&second)),
         "the next holder is seen"
     );
     seen_tx.send(()).unwrap();
     waiter.await.unwrap().unwrap();
-    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+    assert_eq!(next_event(&mut events).await, Seen::Released);
 
     let forced = locks.acquire("watched:1", opts(30_000)).await.unwrap();
     assert_eq!(
         next_event(&mut events).await,
-        LockEvent::Acquired {
-            token_hint: hint(forced.token())
-        }
+        Seen::Acquired(hint(forced.token()))
     );
     assert!(locks.force_release("watched:1").await.unwrap());
-    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+    assert_eq!(next_event(&mut events).await, Seen::Released);
     drop(forced);
 
     // Taken with no renewal, never released: it expires, unannounced.
@@ -1195,11 +1226,9 @@ pub async fn watch_reports_every_holder_and_release(deployment: &impl Deployment
         .unwrap();
     assert_eq!(
         next_event(&mut events).await,
-        LockEvent::Acquired {
-            token_hint: hint(lapsing.token())
-        }
+        Seen::Acquired(hint(lapsing.token()))
     );
-    assert_eq!(next_event(&mut events).await, LockEvent::Released);
+    assert_eq!(next_event(&mut events).await, Seen::Released);
     drop(lapsing);
 }
 
@@ -1230,22 +1259,21 @@ pub async fn watch_sees_holds_shorter_than_its_poll(deployment: &impl Deployment
     }
     async fn next(
         events: &mut tokio::sync::mpsc::UnboundedReceiver<Result<LockEvent, LockError>>,
-    ) -> LockEvent {
-        tokio::time::timeout(Duration::from_secs(10), events.recv())
+    ) -> Seen {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
             .await
             .expect("an event within 10 s")
             .expect("the watch goes on")
-            .expect("the watch reads the key")
+            .expect("the watch reads the key");
+        Seen::of(event)
     }
     for expected in hints {
         assert_eq!(
             next(&mut events).await,
-            LockEvent::Acquired {
-                token_hint: expected
-            },
+            Seen::Acquired(expected),
             "every short hold is reported"
         );
-        assert_eq!(next(&mut events).await, LockEvent::Released);
+        assert_eq!(next(&mut events).await, Seen::Released);
     }
 
     // Waiters of one client, each holding briefly: where the deployment hands the lock from
@@ -1279,12 +1307,10 @@ pub async fn watch_sees_holds_shorter_than_its_poll(deployment: &impl Deployment
     for expected in holders {
         assert_eq!(
             next(&mut events).await,
-            LockEvent::Acquired {
-                token_hint: expected
-            },
+            Seen::Acquired(expected),
             "every holder a hand-over passes the lock to is reported"
         );
-        assert_eq!(next(&mut events).await, LockEvent::Released);
+        assert_eq!(next(&mut events).await, Seen::Released);
     }
     watch.abort();
 }
@@ -1625,5 +1651,192 @@ async fn an_exclusive_waiter_elsewhere_gets_in_at_the_holds_end(
         entered < before_acquire + HOLD + Duration::from_secs(5),
         "the waiter got in {:?} after the acquire: it slept out the holder's 30 s lease",
         entered - before_acquire
+    );
+}
+
+/// Waiters are the callers waiting, each counted once (eight callers of one client are eight),
+/// and a watch is no waiter.
+pub async fn waiters_are_the_callers_waiting_never_a_watch(deployment: &impl Deployment) {
+    use futures_util::StreamExt;
+    let locks = deployment.client().await;
+    let held = locks.acquire("counted:1", opts(30_000)).await.unwrap();
+    let mut watch = deployment.another_client().await.watch("counted:1");
+    let first = watch.next().await.expect("an event").expect("watching");
+    assert!(
+        matches!(first, lockmacro_runtime::LockEvent::Acquired { .. }),
+        "{first:?}"
+    );
+    let info = locks.inspect("counted:1").await.unwrap().expect("held");
+    assert_eq!(info.waiters(), 0, "a watch is no waiter: {info:?}");
+    let other = deployment.another_client().await;
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let other = other.clone();
+            tokio::spawn(async move {
+                other
+                    .run_locked(
+                        "counted:1",
+                        opts(1_000).wait(Duration::from_secs(30)),
+                        async {},
+                    )
+                    .await
+            })
+        })
+        .collect();
+    waiters_become(&locks, "counted:1", 8).await;
+    held.release().await.unwrap();
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    freed(deployment, "counted:1", Duration::from_secs(3)).await;
+    drop(watch);
+}
+
+/// A key that holds anything but a lock (another application's string or hash) is never
+/// written: taking it, whatever the options, fails with `NotALock` naming the key and what is
+/// there, and leaves it as it was; inspecting it finds no lock, and a forced release removes
+/// nothing.
+pub async fn a_key_that_holds_no_lock_is_never_written(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let wait = Duration::from_millis(300);
+    for (key, data, found) in [
+        ("foreign:text", Foreign::String, protocol::FOREIGN_STRING),
+        ("foreign:table", Foreign::Hash, protocol::FOREIGN_HASH),
+    ] {
+        deployment.put_foreign(key, data).await;
+        let mut kinds = vec![
+            opts(1_000),
+            opts(1_000).wait(wait),
+            opts(1_000).read().wait(wait),
+            opts(1_000).permits(2),
+            opts(1_000).fair(true).wait(wait),
+        ];
+        if deployment.offers_fencing() {
+            kinds.push(opts(1_000).fencing(true).wait(wait));
+        }
+        for options in kinds {
+            let started = Instant::now();
+            let outcome = locks.run_locked(key, options, async {}).await;
+            assert!(
+                matches!(&outcome, Err(LockError::NotALock { key: named, found: what })
+                    if named == key && what == found),
+                "{key} with {options:?}: {outcome:?}"
+            );
+            assert!(
+                started.elapsed() < wait,
+                "no lock to wait for: {key} with {options:?}"
+            );
+            assert!(
+                deployment.holds_foreign(key, data).await,
+                "{key} left as it was after {options:?}"
+            );
+        }
+        let both = locks
+            .run_locked_many(["foreign:free", key], opts(1_000).wait(wait), async {})
+            .await;
+        assert!(
+            matches!(&both, Err(LockError::NotALock { key: named, .. }) if named == key),
+            "{both:?}"
+        );
+        assert_eq!(
+            deployment.holder("foreign:free").await,
+            None,
+            "nothing taken"
+        );
+        assert!(
+            deployment.holds_foreign(key, data).await,
+            "{key} left as it was"
+        );
+        assert_eq!(locks.inspect(key).await.unwrap(), None, "no lock to show");
+        assert!(
+            !locks.force_release(key).await.unwrap(),
+            "no lock to release"
+        );
+        assert!(
+            deployment.holds_foreign(key, data).await,
+            "{key} left as it was"
+        );
+        let message = both.unwrap_err().to_string();
+        assert!(
+            message.contains(key) && message.contains(found),
+            "{message}"
+        );
+    }
+}
+
+/// `inspect` says who holds a lock: the host, process and application that took it, and when.
+pub async fn inspect_says_who_holds_a_lock_and_since_when(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let before = std::time::SystemTime::now();
+    let held = locks.acquire("who:1", opts(30_000)).await.unwrap();
+    let after = std::time::SystemTime::now();
+    let this = protocol::Origin::of_this_process(None);
+    let info = locks.inspect("who:1").await.unwrap().expect("held");
+    let holder = &info.holders()[0];
+    assert_eq!(holder.token_hint(), hint(held.token()));
+    assert_eq!(holder.host(), Some(this.host()));
+    assert_eq!(holder.pid(), Some(std::process::id()));
+    assert_eq!(holder.app(), Some(this.app()));
+    let acquired = holder.acquired_at().expect("when it was taken");
+    let ms = Duration::from_millis(1);
+    assert!(
+        acquired + ms >= before && acquired <= after + ms,
+        "{acquired:?} not within {before:?}..{after:?}"
+    );
+    let reader = locks.acquire("who:2", opts(30_000).read()).await.unwrap();
+    let info = locks.inspect("who:2").await.unwrap().expect("read");
+    assert_eq!(info.holders()[0].pid(), Some(std::process::id()));
+    assert_eq!(info.holders()[0].token_hint(), hint(reader.token()));
+    held.release().await.unwrap();
+    reader.release().await.unwrap();
+}
+
+/// A busy client cannot keep a key to itself: while its callers take turns on the key, each
+/// handing it to the next of its own, a caller of another client still gets it within a bound
+/// set by the work ahead of it, not at the end of its wait.
+pub async fn a_busy_client_cannot_keep_a_key_to_itself(deployment: &impl Deployment) {
+    let busy = deployment.client().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (started, running) = oneshot::channel();
+    let mut started = Some(started);
+    let mut turns = Vec::new();
+    for _ in 0..4 {
+        let (busy, stop) = (busy.clone(), stop.clone());
+        let started = started.take();
+        turns.push(tokio::spawn(async move {
+            let mut started = started;
+            while !stop.load(Ordering::SeqCst) {
+                busy.run_locked("busy:1", opts(5_000).wait(Duration::from_secs(30)), async {
+                    if let Some(started) = started.take() {
+                        let _ = started.send(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                })
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    running.await.unwrap();
+    let other = deployment.another_client().await;
+    let mut longest = Duration::ZERO;
+    for _ in 0..5 {
+        let asked = Instant::now();
+        other
+            .run_locked("busy:1", opts(5_000).wait(Duration::from_secs(10)), async {
+            })
+            .await
+            .expect("taken within its wait");
+        longest = longest.max(asked.elapsed());
+    }
+    stop.store(true, Ordering::SeqCst);
+    for turn in turns {
+        turn.await.unwrap();
+    }
+    // The work ahead: at most the four busy callers' turns (2 ms each, and a round trip or two)
+    // after the bound a caller may wait before it is owed the key; far below the 10 s wait.
+    assert!(
+        longest < Duration::from_secs(1),
+        "a caller of another client waited {longest:?} while a busy client held the key"
     );
 }

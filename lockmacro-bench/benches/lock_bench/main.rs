@@ -12,6 +12,7 @@
 //! | W1 | one task, its own key: the macro, `run_locked`, rslock, vs both floors; client and Redis CPU and Redis commands per cycle | [`uncontended`] |
 //! | W2 | 64 tasks, a key each: total throughput vs both floors and the pipelined one | [`uncontended`] |
 //! | W3 | 16 tasks, one key, waiting: throughput, fairness, handoff latency | [`contended`] |
+//! | W3x | 4 processes × 4 tasks on one key and on a key pair, beside 1 × 16, on one Redis, a Cluster and Redlock: each process's share, waits, the longest free while waited, `Busy` | [`across`] |
 //! | W4 | 10 000 leases renewed for 20 s: requests, CPU, memory, lapses | [`renewal`] |
 //! | W5 | 16 readers and 1 writer on one key: reads/s, the writer's wait, fairness | [`kinds`] |
 //! | W1c, W2c, W4c | W1, W2 and W4 on a 3-master Redis Cluster; W1 and W2 against redis-rs's cluster connection alone sending the same commands | [`deployments`] |
@@ -22,6 +23,7 @@
 //! W2, W2c with W1c, W2r and W4r with W1r), e.g. under a profiler; it prints the table but leaves `docs/bench/` alone, which holds
 //! only whole runs.
 
+mod across;
 mod contended;
 mod deployments;
 mod floor;
@@ -39,6 +41,10 @@ use std::time::Instant;
 use report::Report;
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(across::CHILD) {
+        return across::child(&args[1..]);
+    }
     let began = Instant::now();
     let mut report = Report::default();
     describe_machine(&mut report);
@@ -56,6 +62,7 @@ fn main() {
             ("W1", Workload::SingleTask),
             ("W2", Workload::ManyTasks),
             ("W3", Workload::Contended),
+            ("W3x", Workload::Across),
             ("W4", Workload::Renewal),
             ("W5", Workload::ReadersAndAWriter),
             ("W1c", Workload::ClusterUncontended),
@@ -105,6 +112,7 @@ enum Workload {
     SingleTask,
     ManyTasks,
     Contended,
+    Across,
     Renewal,
     ReadersAndAWriter,
     ClusterUncontended,
@@ -119,6 +127,7 @@ impl Workload {
             Self::SingleTask => uncontended::single_task(report).await,
             Self::ManyTasks => uncontended::many_tasks(report).await,
             Self::Contended => contended::contended(report).await,
+            Self::Across => across::across(report).await,
             Self::Renewal => renewal::renewal(report).await,
             Self::ReadersAndAWriter => kinds::readers_and_a_writer(report).await,
             Self::ClusterUncontended => deployments::uncontended(report).await,

@@ -3,7 +3,7 @@
 //!
 //! - `LockError: IntoResponse`: 409 Conflict when busy (with `Retry-After` when the holder's
 //!   lease is known), 500 for the programmer's errors (`Config`, `InvalidKey`,
-//!   `InvalidOptions`), 503 Service Unavailable otherwise (with `Retry-After`), as text.
+//!   `InvalidOptions`, `NotALock`), 503 Service Unavailable otherwise (with `Retry-After`), as text.
 //!   [`JsonLockError`] answers the same as JSON; [`LockErrorResponse`] gives the parts for a
 //!   body of the application's own.
 //! - [`locks_page`]: a `Router` listing the locks held, with their holders, time left, fencing

@@ -1,5 +1,5 @@
 //! `LockError` as an HTTP response: 409 Conflict when busy; 500 Internal Server Error for the
-//! programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`: retrying cannot help); 503
+//! programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`, `NotALock`: retrying cannot help); 503
 //! Service Unavailable otherwise (Redis down, lease lost, shutting down: worth a retry).
 //!
 //! The body names the lock but never the internals (a server address, an OS error): those go
@@ -74,7 +74,8 @@ impl LockErrorResponse {
             },
             LockError::Config { .. }
             | LockError::InvalidKey { .. }
-            | LockError::InvalidOptions { .. } => {
+            | LockError::InvalidOptions { .. }
+            | LockError::NotALock { .. } => {
                 tracing::error!(%error, "locked request answered 500: the lock is misconfigured");
                 let message = match &key {
                     Some(key) => format!("lock `{key}` cannot be used; this is a server error"),

@@ -19,7 +19,23 @@ use crate::store::{AcquireRequest, Acquired};
 /// What one attempt found.
 pub(super) enum Attempt {
     Taken(Arc<LeaseState>),
-    Busy { remaining: Option<Duration> },
+    /// Held by another: how long until its lease runs out, and how long a caller coming back
+    /// now may wait (`Busy`'s `retry_after`), when known.
+    Busy {
+        remaining: Option<Duration>,
+        estimate: Option<Duration>,
+    },
+}
+
+/// How an attempt that finds the lock busy goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Looking {
+    /// It fails fast, or looks for the first time: it leaves nothing behind.
+    Once,
+    /// It waits: it is counted, marks the key and keeps its place; once it has waited longer
+    /// than `protocol::STARVING_AFTER` (since the time given, ms since the Unix epoch), it
+    /// reserves the key.
+    Waiting { starving_since: Option<u64> },
 }
 
 impl Engine {
@@ -83,11 +99,14 @@ impl Engine {
         options: &LockOptions,
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         let Some(wait) = options.wait else {
-            return match self.try_acquire(&key, new_token(), options, false).await? {
+            return match self
+                .try_acquire(&key, &new_token(), options, Looking::Once)
+                .await?
+            {
                 Attempt::Taken(lease) => Ok((lease, Waited::No)),
-                Attempt::Busy { remaining } => Err(LockError::Busy {
+                Attempt::Busy { estimate, .. } => Err(LockError::Busy {
                     key,
-                    retry_after: remaining,
+                    retry_after: estimate,
                 }),
             };
         };
@@ -96,24 +115,31 @@ impl Engine {
         Box::pin(self.wait_for(key, options, wait)).await
     }
 
-    /// One attempt to take `key`; a `waiting` attempt keeps the caller's place when busy.
+    /// One attempt to take `key` for `token`; a waiting attempt keeps the caller's place when
+    /// busy.
     pub(super) async fn try_acquire(
         &self,
         key: &str,
-        token: String,
+        token: &str,
         options: &LockOptions,
-        waiting: bool,
+        looking: Looking,
     ) -> Result<Attempt, LockError> {
         let ttl = options.ttl;
         let budget = self.acquire_budget(ttl);
+        let value = self.value_of(token);
+        let (waiting, starving_since) = match looking {
+            Looking::Once => (false, None),
+            Looking::Waiting { starving_since } => (true, starving_since),
+        };
         let request = AcquireRequest {
             key,
-            token: &token,
+            value: &value,
             kind: options.kind,
             ttl,
             fencing: options.fencing,
             waiting,
             fair: options.fair,
+            starving_since,
         };
         let (reply, sent_at) = self
             .acquire_in_turn(self.store.acquire(request, budget))
@@ -124,7 +150,7 @@ impl Engine {
                     next_lease_id(),
                     self.id,
                     key.to_owned(),
-                    token,
+                    value,
                     options,
                     fencing_token,
                     sent_at,
@@ -133,9 +159,15 @@ impl Engine {
                 tracing::debug!(key = %key, ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
                 Ok(Attempt::Taken(lease))
             }
-            Ok(Acquired::Busy { remaining }) => {
+            Ok(Acquired::Busy {
+                remaining,
+                estimate,
+            }) => {
                 tracing::debug!(key = %key, "lock busy");
-                Ok(Attempt::Busy { remaining })
+                Ok(Attempt::Busy {
+                    remaining,
+                    estimate,
+                })
             }
             Err(error) => Err(error.into_lock_error(Some(key))),
         }

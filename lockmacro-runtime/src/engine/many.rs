@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::acquire::Looking;
+use super::wait::{Since, Stay};
 use super::{Engine, new_token, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
@@ -17,7 +19,7 @@ use crate::right::ReleaseRight;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
 use crate::store::{AcquiredMany, ManyRequest};
-use crate::waiters::Ticket;
+use crate::waiters::{Expecting, Ticket};
 
 /// What one attempt on every key found.
 enum Attempt {
@@ -25,6 +27,7 @@ enum Attempt {
     Busy {
         key: usize,
         remaining: Option<Duration>,
+        estimate: Option<Duration>,
     },
 }
 
@@ -62,14 +65,14 @@ impl Engine {
         self.background.ensure_running();
         let lease = match options.wait {
             None => match self
-                .try_acquire_many(&keys, new_token(), options, false)
+                .try_acquire_many(&keys, &new_token(), options, Looking::Once)
                 .await?
             {
                 Attempt::Taken(lease) => lease,
-                Attempt::Busy { key, remaining } => {
+                Attempt::Busy { key, estimate, .. } => {
                     return Err(LockError::Busy {
                         key: keys[key].clone(),
-                        retry_after: remaining,
+                        retry_after: estimate,
                     });
                 }
             },
@@ -89,22 +92,28 @@ impl Engine {
         Ok(lease)
     }
 
-    /// One attempt on every key; a `waiting` attempt marks the busy key, so that its release
-    /// is announced.
+    /// One attempt on every key for `token`; a waiting attempt marks the busy keys, so that
+    /// their releases are announced (and reserves them, once it has waited too long).
     async fn try_acquire_many(
         &self,
         keys: &[String],
-        token: String,
+        token: &str,
         options: &LockOptions,
-        waiting: bool,
+        looking: Looking,
     ) -> Result<Attempt, LockError> {
         let ttl = options.ttl;
         let budget = self.acquire_budget(ttl);
+        let value = self.value_of(token);
+        let (waiting, starving_since) = match looking {
+            Looking::Once => (false, None),
+            Looking::Waiting { starving_since } => (true, starving_since),
+        };
         let request = ManyRequest {
             keys,
-            token: &token,
+            value: &value,
             ttl,
             waiting,
+            starving_since,
         };
         let (reply, sent_at) = self
             .acquire_in_turn(self.store.acquire_many(request, budget))
@@ -115,7 +124,7 @@ impl Engine {
                     next_lease_id(),
                     self.id,
                     keys[0].clone(),
-                    token,
+                    value,
                     options,
                     None,
                     sent_at,
@@ -126,9 +135,17 @@ impl Engine {
                 tracing::debug!(keys = ?keys, ttl_ms = clock::millis(ttl), "locks acquired");
                 Ok(Attempt::Taken(lease))
             }
-            Ok(AcquiredMany::Busy { key, remaining }) => {
+            Ok(AcquiredMany::Busy {
+                key,
+                remaining,
+                estimate,
+            }) => {
                 tracing::debug!(key = %keys[key], keys = keys.len(), "one of the locks is busy");
-                Ok(Attempt::Busy { key, remaining })
+                Ok(Attempt::Busy {
+                    key,
+                    remaining,
+                    estimate,
+                })
             }
             Err(error) => Err(error.into_lock_error(Some(&keys[0]))),
         }
@@ -145,29 +162,51 @@ impl Engine {
         wait: Duration,
     ) -> Result<Arc<LeaseState>, LockError> {
         let give_up = clock::after(Instant::now(), wait);
-        // One token for every attempt: a busy attempt took nothing.
+        let since = Since::now();
+        // One token for every attempt: a busy attempt took nothing (keys handed to this token
+        // by a release are this caller's: its next look confirms them).
         let token = new_token();
+        let mut stay = Stay::new(self, keys, options.ttl);
         let mut ticket: Option<Ticket<'_>> = None;
-        let mut waiting = false;
+        let mut expecting: Option<Expecting> = None;
+        let mut looking = Looking::Once;
         loop {
             let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
-            let attempt = self.try_acquire_many(keys, token.clone(), options, waiting);
-            let (busy, remaining) = match attempt.await? {
-                Attempt::Taken(lease) => return Ok(lease),
-                Attempt::Busy { key, remaining } => (&keys[key], remaining),
+            if let Looking::Waiting { starving_since } = looking {
+                stay.looks_as(&token);
+                if starving_since.is_some()
+                    && let Some(ticket) = &ticket
+                    && expecting.is_none()
+                {
+                    tracing::debug!(keys = ?keys, "waited past the starvation bound; reserving the locks");
+                    expecting = Some(ticket.expect(&token));
+                }
+            }
+            let attempt = self.try_acquire_many(keys, &token, options, looking);
+            let (busy, remaining, estimate) = match attempt.await? {
+                Attempt::Taken(lease) => {
+                    stay.took();
+                    return Ok(lease);
+                }
+                Attempt::Busy {
+                    key,
+                    remaining,
+                    estimate,
+                } => (&keys[key], remaining, estimate),
             };
-            waiting = true;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(LockError::Busy {
                     key: busy.clone(),
-                    retry_after: remaining,
+                    retry_after: estimate,
                 });
             }
             if ticket.as_ref().is_none_or(|ticket| ticket.key() != busy) {
-                // Another key keeps it out now: listen on that one's releases.
+                // Another key keeps it out now: listen on that one's releases (a release that
+                // hands every key to this caller is announced on each key's channel).
+                expecting = None;
                 ticket = None;
-                tracing::debug!(key = %busy, "one of the locks is busy; waiting");
+                tracing::debug!(key = %busy, "one of the locks is busy; waiting for its release");
                 let prefix = Prefix::of(options.label, busy);
                 let joined = ticket.insert(self.waits.join(busy, true, prefix));
                 let heard = tokio::select! {
@@ -176,22 +215,35 @@ impl Engine {
                         return Err(LockError::ShutDown { key: keys[0].clone() });
                     }
                 };
+                looking = since.looking(true);
                 if heard {
-                    // Subscribed (and the attempt to come marks the key): no release can slip
+                    // Subscribed (and the attempt to come marks the keys): no release can slip
                     // by unheard from now on. Look again.
                     continue;
                 }
             }
+            looking = since.looking(true);
             let Some(ticket) = &ticket else { continue };
-            // A holder that died announces nothing: sleep at most its remaining lease.
-            let fallback = match remaining {
+            // A holder that died announces nothing: sleep at most its remaining lease; look
+            // again once it has waited too long, to reserve the keys.
+            let mut fallback = match remaining {
                 Some(remaining) => clock::jittered(remaining, 0.05) + Duration::from_millis(1),
                 None => Duration::from_millis(100),
             };
+            if let Some(until) = since.until_starving() {
+                fallback = fallback.min(until);
+            }
             let left = give_up.saturating_duration_since(Instant::now());
-            let _parked = ticket.park();
+            let _parked = ticket.park(since.starving());
+            let handed = async {
+                match &expecting {
+                    Some(expecting) => expecting.handed().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = ticket.released_or(fallback.min(left), heard) => {}
+                () = handed => {}
                 () = self.closing.cancelled() => {
                     return Err(LockError::ShutDown { key: keys[0].clone() });
                 }

@@ -1,5 +1,6 @@
-//! Releasing a lease: a compare-and-delete, or a hand-over to the next waiter of this client;
-//! either way this client's waiters for the key look again.
+//! Releasing a lease: a compare-and-delete, or a hand-over to the next waiter of this client
+//! (or, by either, to a caller elsewhere that waited too long and reserved the key); after a
+//! release this client's waiters for the key look again.
 
 use std::sync::Arc;
 
@@ -42,15 +43,15 @@ impl Engine {
         // the hold's end as the key's time left, rather than sleep out the lease they saw.
         if released {
             for key in lease.all_keys() {
-                self.waits.released_here(key, &lease.token);
+                self.waits.released_here(key, &lease.value);
             }
         }
         Ok(released)
     }
 
-    /// Passes the lease `right` holds straight to `next`, a parked waiter of this client,
-    /// unless another client waits for the key too (then it is released and announced, and
-    /// `next` looks again).
+    /// Passes the lease `right` holds straight to `next`, a parked waiter of this client, unless
+    /// a caller elsewhere waited too long and reserved the key (then it passes to that caller,
+    /// and `next` waits on).
     async fn hand_over(
         self: &Arc<Self>,
         store: &dyn HandsOver,
@@ -58,10 +59,11 @@ impl Engine {
         next: Candidate,
     ) -> Result<bool, LockError> {
         let lease = right.lease().clone();
+        let value = self.value_of(&next.token);
         let to = LeaseRef {
             key: &lease.key,
             keys: &[],
-            token: &next.token,
+            value: &value,
             kind: LockKind::Exclusive,
             ttl: next.options.ttl,
             hold_until: None,
@@ -76,9 +78,9 @@ impl Engine {
                 // The key may hold either token now. Ours is released in the background (the
                 // right drops here); the waiter gives its own up (or, gone, has it given up).
                 drop(right);
-                let (key, token, options) = (lease.key.clone(), next.token.clone(), next.options);
+                let (key, token, ttl) = (lease.key.clone(), next.token.clone(), next.options.ttl);
                 if next.tell(Handing::Uncertain).is_err() {
-                    self.give_up_token(&key, &token, &options);
+                    self.give_up_token(&key, &token, ttl);
                 }
                 return Err(error.into_lock_error(Some(&lease.key)));
             }
@@ -91,7 +93,7 @@ impl Engine {
                     next_lease_id(),
                     self.id,
                     lease.key.clone(),
-                    next.token.clone(),
+                    value,
                     &next.options,
                     None,
                     sent_at,
@@ -108,7 +110,14 @@ impl Engine {
             HandOver::Released => {
                 metrics::release(&lease.prefix, "confirmed");
                 let _ = next.tell(Handing::Declined);
-                self.waits.released_here(&lease.key, &lease.token);
+                self.waits.released_here(&lease.key, &lease.value);
+                Ok(true)
+            }
+            HandOver::HandedElsewhere => {
+                // Not free: the next of this client waits on, for a later release.
+                metrics::release(&lease.prefix, "confirmed");
+                tracing::debug!(key = %lease.key, "lock handed to a caller elsewhere that waited longer");
+                let _ = next.tell(Handing::Declined);
                 Ok(true)
             }
             HandOver::NotOurs => {

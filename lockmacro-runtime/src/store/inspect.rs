@@ -2,7 +2,7 @@
 //! (`crate::inspect`).
 //!
 //! A key is a lock only when it holds what the library writes ([`protocol`]): a string whose
-//! value is one of our tokens, or a hash with our `kind` field and live holders. Every read is
+//! value is one of our lock values, or a hash with our `kind` field and live holders. Every read is
 //! one script (`scripts/inspect.lua`) on the master that owns the key, so what it reports is
 //! one atomic look; a forced release (`scripts/force_release.lua`) removes only what that look
 //! found, and announces it on the key's release channel so that waiters look again at once.
@@ -35,7 +35,8 @@ const LOOKS_IN_FLIGHT: usize = 64;
 pub(crate) struct Snapshot {
     pub(crate) key: String,
     pub(crate) kind: LockKind,
-    /// Each holder's token and time left.
+    /// Each holder's value (`protocol::LockValue`: its token, when it took the lock and who
+    /// it is) and time left.
     pub(crate) holders: Vec<(String, Duration)>,
     /// The key's fencing counter, if fencing was used on it.
     pub(crate) fencing: Option<u64>,
@@ -112,9 +113,7 @@ pub(crate) async fn look(
     let mut cmd = scripts::evalsha_inspect();
     cmd.arg(key)
         .arg(beside(commands, key, |k| names.fencing_counter(k))?)
-        .arg(beside(commands, key, |k| names.queue_expiry(k))?)
-        .arg(beside(commands, key, |k| names.release_channel(k))?)
-        .arg(announce_mark(commands));
+        .arg(beside(commands, key, |k| names.waiters(k))?);
     let reply = commands.on_key(key, &cmd).await?;
     Ok(read_look(key, reply))
 }
@@ -140,22 +139,22 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
     let mut fields = fields.into_iter();
     let ktype = text(fields.next()?)?;
     let fencing = text(fields.next()?)?.parse().ok();
-    let subscribers = int(fields.next()?)?;
-    let queued = int(fields.next()?)?;
-    let waiters = usize::try_from(subscribers.max(queued)).unwrap_or(0);
+    let waiters = usize::try_from(int(fields.next()?)?).unwrap_or(0);
     let (kind, holders) = match ktype.as_str() {
         "string" => {
             let value = text(fields.next()?)?;
             let left = protocol::remaining(int(fields.next()?)?).filter(|left| !left.is_zero())?;
-            let token = protocol::exclusive_holder(&value)?;
-            (LockKind::Exclusive, vec![(token.to_owned(), left)])
+            let holder = protocol::Stored::parse(&value)?.holder;
+            (LockKind::Exclusive, vec![(holder.to_owned(), left)])
         }
         "hash" => {
             let kind = protocol::parse_shared_kind(&text(fields.next()?)?)?;
             let mut holders = Vec::new();
-            while let (Some(token), Some(left)) = (fields.next(), fields.next()) {
+            while let (Some(value), Some(left)) = (fields.next(), fields.next()) {
                 let left = u64::try_from(int(left)?).ok()?;
-                holders.push((text(token)?, Duration::from_millis(left)));
+                let value = text(value)?;
+                protocol::LockValue::parse(&value)?;
+                holders.push((value, Duration::from_millis(left)));
             }
             (kind, holders)
         }
@@ -204,7 +203,7 @@ pub(crate) async fn force_release(commands: &dyn Commands, key: &str) -> Result<
                 found
                     .holders
                     .first()
-                    .map(|(token, _)| token.clone())
+                    .map(|(value, _)| protocol::holder_token(value).to_owned())
                     .unwrap_or_default(),
             ),
         };
@@ -390,27 +389,34 @@ fn quorum_view(
     let Some(first) = found.first() else {
         return Ok(None);
     };
+    // Holders by token: a value may differ from master to master (a waiter's reservation
+    // written at different looks), its token not.
     let mut holders: Vec<(String, Duration)> = Vec::new();
     let mut tokens: Vec<&str> = found
         .iter()
-        .flat_map(|snapshot| snapshot.holders.iter().map(|(token, _)| token.as_str()))
+        .flat_map(|snapshot| {
+            snapshot
+                .holders
+                .iter()
+                .map(|(value, _)| protocol::holder_token(value))
+        })
         .collect();
     tokens.sort_unstable();
     tokens.dedup();
     for token in tokens {
-        let mut lefts: Vec<Duration> = found
+        let held: Vec<&(String, Duration)> = found
             .iter()
             .filter_map(|snapshot| {
                 snapshot
                     .holders
                     .iter()
-                    .find(|(held, _)| held == token)
-                    .map(|(_, left)| *left)
+                    .find(|(value, _)| protocol::holder_token(value) == token)
             })
             .collect();
-        if lefts.len() >= quorum {
+        if held.len() >= quorum {
+            let mut lefts: Vec<Duration> = held.iter().map(|(_, left)| *left).collect();
             lefts.sort_unstable_by_key(|left| std::cmp::Reverse(*left));
-            holders.push((token.to_owned(), lefts[quorum - 1]));
+            holders.push((held[0].0.clone(), lefts[quorum - 1]));
         }
     }
     if holders.is_empty() {
@@ -592,7 +598,6 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
                 Value::BulkString(b"string".to_vec()),
                 Value::BulkString(b"".to_vec()),
                 Value::Int(0),
-                Value::Int(0),
                 Value::BulkString(value.as_bytes().to_vec()),
                 Value::Int(pttl),
             ])
@@ -600,8 +605,11 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
         let held = read_look("k", string(&format!("{token}+"), 5000)).unwrap();
         assert_eq!(
             held.holders[0].0, token,
-            "a waiter's mark is no part of the token"
+            "a waiter's mark is no part of the holder"
         );
+        let value = protocol::Origin::new("h", 7, "app").value(token, 9);
+        let held = read_look("k", string(&format!("{value}+"), 5000)).unwrap();
+        assert_eq!(held.holders[0].0, value);
         assert_eq!(read_look("k", string("hello", 5000)), None);
         assert_eq!(
             read_look("k", string(token, -1)),
@@ -612,7 +620,6 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
             Value::Array(vec![
                 Value::BulkString(b"hash".to_vec()),
                 Value::BulkString(b"12".to_vec()),
-                Value::Int(2),
                 Value::Int(3),
                 Value::BulkString(kind.as_bytes().to_vec()),
                 Value::BulkString(token.as_bytes().to_vec()),

@@ -1,11 +1,12 @@
 //! Locks in the process: the deployment behind `LockClient::in_memory()` (feature `test-util`),
 //! for users' own tests.
 //!
-//! It keeps Redis's semantics, not a toy's: a lease is a key with a token and an expiry, taken
-//! only when free, extended only while it holds our token, released by compare-and-delete with
+//! It keeps Redis's semantics, not a toy's: a lease is a key with a value and an expiry, taken
+//! only when free, extended only while it holds our value, released by compare-and-delete with
 //! an announcement when a waiter marked it or someone listens for its releases (as the scripts
-//! do), expiring silently (as Redis keys do) when its time is
-//! up. Fencing tokens follow the clock floor of `protocol::fencing_floor`, as Redis's do. Time is tokio's
+//! do), or handed straight to the caller it is reserved for, expiring silently (as Redis keys
+//! do) when its time is up. Waiting callers are counted and served as the scripts count and
+//! serve them, and data that is no lock ([`MemoryHooks::put_foreign`]) is never written. Fencing tokens follow the clock floor of `protocol::fencing_floor`, as Redis's do. Time is tokio's
 //! clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
 //! milliseconds. [`MemoryHooks`] provokes what is rare against a real Redis.
 
@@ -62,44 +63,119 @@ struct Data {
     queues: HashMap<String, VecDeque<(String, Instant)>>,
     /// Writers waiting for readers to leave, each until its claim lapses.
     writers: HashMap<String, HashMap<String, Instant>>,
+    /// The callers waiting for each key, by token, each until its entry lapses; and how fast
+    /// they were served (as the scripts' waiters hash and its `served` field).
+    waiters: HashMap<String, Waiters>,
 }
 
-/// What a lock key holds: one exclusive holder, or shared holders each with its own expiry.
+/// The callers waiting for one key (see `protocol::Names::waiters`).
+#[derive(Default)]
+struct Waiters {
+    entries: HashMap<String, Instant>,
+    /// The last caller served, and the mean time between two (`None` after the first).
+    served: Option<(Instant, Option<Duration>)>,
+}
+
+/// What a lock key holds: one exclusive holder, or shared holders each with its own expiry; or
+/// data of another application ([`MemoryHooks::put_foreign`]).
 enum Held {
     Exclusive {
-        token: String,
+        /// The holder's value.
+        value: String,
         expires: Instant,
         /// A caller that waits found it busy (Redis's value carries the waited mark): then
         /// its release is announced, as in Redis, even when nobody listens any more.
         waited: bool,
+        /// The caller owed it, when one waited too long: its release hands it over.
+        reserved: Option<Reserved>,
     },
     Shared {
         kind: LockKind,
+        /// Each holder's value, and its expiry.
         holders: HashMap<String, Instant>,
     },
+    /// Not a lock: what the key holds, as `NotALock` names it.
+    Foreign(String),
+}
+
+/// A reservation ([`protocol::Reservation`]).
+#[derive(Clone)]
+struct Reserved {
+    since_ms: u64,
+    ttl: Duration,
+    keys: usize,
+    value: String,
+}
+
+impl Reserved {
+    /// What a request that has waited too long reserves, if anything: only an exclusive,
+    /// unfair one.
+    fn of(request: &AcquireRequest<'_>) -> Option<Self> {
+        let since_ms = request.starving_since?;
+        (request.kind == LockKind::Exclusive && !request.fair).then(|| Self {
+            since_ms,
+            ttl: request.ttl,
+            keys: 1,
+            value: request.value.to_owned(),
+        })
+    }
+
+    /// Whether it goes before `other`: it began waiting earlier (ties: the smaller token).
+    fn before(&self, other: &Self) -> bool {
+        (self.since_ms, protocol::holder_token(&self.value))
+            < (other.since_ms, protocol::holder_token(&other.value))
+    }
+
+    fn token(&self) -> &str {
+        protocol::holder_token(&self.value)
+    }
 }
 
 impl Held {
-    /// Whether `token` holds it now.
-    fn held_by(&self, token: &str, now: Instant) -> bool {
+    /// Whether the lease of `value` holds it now (an exclusive lock's value, a shared holder's
+    /// field).
+    fn held_by(&self, value: &str, now: Instant) -> bool {
         match self {
             Self::Exclusive {
-                token: holder,
+                value: holder,
                 expires,
                 ..
-            } => holder == token && *expires > now,
+            } => holder == value && *expires > now,
             Self::Shared { holders, .. } => {
-                holders.get(token).is_some_and(|expires| *expires > now)
+                holders.get(value).is_some_and(|expires| *expires > now)
             }
+            Self::Foreign(_) => false,
         }
     }
 
-    /// When it is free: its holder's expiry, or its last holder's.
-    fn expires(&self) -> Instant {
+    /// When it is free: its holder's expiry, or its last holder's; never for foreign data.
+    fn expires(&self) -> Option<Instant> {
         match self {
-            Self::Exclusive { expires, .. } => *expires,
-            Self::Shared { holders, .. } => {
-                holders.values().copied().max().unwrap_or_else(Instant::now)
+            Self::Exclusive { expires, .. } => Some(*expires),
+            Self::Shared { holders, .. } => holders.values().copied().max(),
+            Self::Foreign(_) => None,
+        }
+    }
+
+    /// How long until it is free, as the scripts tell a caller (`None`: never).
+    fn remaining(&self, now: Instant) -> Option<Duration> {
+        self.expires().map(|at| at.saturating_duration_since(now))
+    }
+
+    /// As the scripts' busy path: a caller that waits marks an exclusive holder, and one that
+    /// waited too long reserves it, unless a caller that began waiting earlier did.
+    fn mark(&mut self, reservation: Option<Reserved>) {
+        if let Self::Exclusive {
+            waited, reserved, ..
+        } = self
+        {
+            *waited = true;
+            if let Some(reservation) = reservation
+                && reserved
+                    .as_ref()
+                    .is_none_or(|reserved| reservation.before(reserved))
+            {
+                *reserved = Some(reservation);
             }
         }
     }
@@ -120,7 +196,7 @@ impl Data {
                 holders.retain(|_, expires| *expires > now);
                 holders.is_empty()
             }
-            None => false,
+            Some(Held::Foreign(_)) | None => false,
         };
         if gone {
             self.locks.remove(key);
@@ -132,11 +208,11 @@ impl Data {
     /// or later than its lease would end. `true` when the lease was ours.
     fn keep(&mut self, lease: LeaseRef<'_>, until: Instant, now: Instant) -> bool {
         match self.live(lease.key, now) {
-            Some(Held::Exclusive { token, expires, .. }) if token == lease.token => {
+            Some(Held::Exclusive { value, expires, .. }) if value == lease.value => {
                 *expires = until;
                 true
             }
-            Some(Held::Shared { holders, .. }) => match holders.get_mut(lease.token) {
+            Some(Held::Shared { holders, .. }) => match holders.get_mut(lease.value) {
                 Some(expires) => {
                     *expires = until;
                     true
@@ -150,28 +226,32 @@ impl Data {
     /// What `key` holds now, as inspection reports it.
     fn snapshot(&mut self, key: &str, now: Instant) -> Option<Snapshot> {
         let (kind, holders) = match self.live(key, now)? {
-            Held::Exclusive { token, expires, .. } => (
+            Held::Exclusive { value, expires, .. } => (
                 LockKind::Exclusive,
-                vec![(token.clone(), expires.saturating_duration_since(now))],
+                vec![(value.clone(), expires.saturating_duration_since(now))],
             ),
             Held::Shared { kind, holders } => (
                 *kind,
                 holders
                     .iter()
-                    .map(|(token, expires)| (token.clone(), expires.saturating_duration_since(now)))
+                    .map(|(value, expires)| (value.clone(), expires.saturating_duration_since(now)))
                     .collect(),
             ),
+            Held::Foreign(_) => return None,
         };
-        let queued = self.queues.get(key).map_or(0, |queue| {
-            queue.iter().filter(|(_, lapses)| *lapses > now).count()
+        let waiters = self.waiters.get(key).map_or(0, |waiters| {
+            waiters
+                .entries
+                .values()
+                .filter(|lapses| **lapses > now)
+                .count()
         });
-        let listeners = self.listeners.get(key).copied().unwrap_or(0);
         Some(Snapshot {
             key: key.to_owned(),
             kind,
             holders,
             fencing: self.fences.get(key).copied(),
-            waiters: listeners.max(queued),
+            waiters,
         })
     }
 
@@ -192,45 +272,118 @@ impl Data {
         })
     }
 
-    /// Takes `request` if it may be taken now; else how long until it may, if known.
-    fn take(&mut self, request: &AcquireRequest<'_>, now: Instant) -> Result<(), Option<Duration>> {
+    /// The callers waiting for `key`, their entries gone once every one lapsed (as the
+    /// scripts' hash expires with its longest entry).
+    fn waiters_of(&mut self, key: &str, now: Instant) -> &mut Waiters {
+        let waiters = self.waiters.entry(key.to_owned()).or_default();
+        if !waiters.entries.is_empty() && waiters.entries.values().all(|lapses| *lapses <= now) {
+            *waiters = Waiters::default();
+        }
+        waiters
+    }
+
+    /// As the scripts' `count_waiter`: `token` waits for `key` until `now + life`.
+    fn count_waiter(&mut self, key: &str, token: &str, life: Duration, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        waiters.entries.insert(token.to_owned(), now + life);
+    }
+
+    /// As the scripts' `served`: a waiting caller got `key`.
+    fn served(&mut self, key: &str, token: &str, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        if waiters.entries.remove(token).is_none() {
+            return;
+        }
+        let mean = match waiters.served {
+            Some((last, mean)) => {
+                let gap = now.saturating_duration_since(last);
+                Some(mean.map_or(gap, |mean| (mean * 3 + gap) / 4))
+            }
+            None => None,
+        };
+        waiters.served = Some((now, mean));
+    }
+
+    /// As the scripts' `estimate`: how long a caller coming back now may wait for `key`.
+    fn estimate(
+        &mut self,
+        key: &str,
+        remaining: Option<Duration>,
+        now: Instant,
+    ) -> Option<Duration> {
+        let waiters = self.waiters_of(key, now);
+        let Some((_, Some(mean))) = waiters.served else {
+            return remaining;
+        };
+        let ahead = u32::try_from(waiters.entries.len()).unwrap_or(u32::MAX);
+        Some(remaining.map_or(mean, |remaining| remaining.min(mean)) + mean * ahead)
+    }
+
+    /// As the scripts' busy path: a caller that waits is counted, marks an exclusive holder
+    /// (reserving it once it waited too long) and keeps its place in a fair queue.
+    fn busy(
+        &mut self,
+        request: &AcquireRequest<'_>,
+        remaining: Option<Duration>,
+        now: Instant,
+    ) -> Acquired {
+        if request.waiting {
+            let life = request.waiter_place() + remaining.unwrap_or_default().mul_f64(1.1);
+            self.count_waiter(request.key, request.token(), life, now);
+            if let Some(held) = self.live(request.key, now) {
+                held.mark(Reserved::of(request));
+            }
+            if request.fair {
+                self.keep_place(request, now);
+            }
+        }
+        Acquired::Busy {
+            remaining,
+            estimate: self.estimate(request.key, remaining, now),
+        }
+    }
+
+    /// Takes `request` if it may be taken now; else what the caller is told.
+    fn take(&mut self, request: &AcquireRequest<'_>, now: Instant) -> Result<(), Acquired> {
         let key = request.key;
+        let token = request.token();
         if request.fair
             && let Some(head) = self.queue_head(key, now)
-            && head != request.token
+            && head != token
         {
-            return Err(None);
+            return Err(self.busy(request, None, now));
         }
         let lease_end = now + request.ttl;
         let writer_waits = request.kind == LockKind::Read && self.writer_waits(key, now);
         match (request.kind, self.live(key, now)) {
             (LockKind::Exclusive, None) => {
-                let token = request.token.to_owned();
-                self.locks.insert(
-                    key.to_owned(),
-                    Held::Exclusive {
-                        token,
-                        expires: lease_end,
-                        // Fair waiters all look at each release: a fair holder's is announced.
-                        waited: request.fair,
-                    },
-                );
+                let held = Held::Exclusive {
+                    value: request.value.to_owned(),
+                    expires: lease_end,
+                    // Fair waiters all look at each release: a fair holder's is announced.
+                    waited: request.fair,
+                    reserved: None,
+                };
+                self.locks.insert(key.to_owned(), held);
+            }
+            (LockKind::Exclusive, Some(Held::Exclusive { value, expires, .. }))
+                if protocol::holds(value, token) =>
+            {
+                // Ours already: a call retried after it ran, or handed to this waiter by a
+                // release. It takes this attempt's value and the ttl; its marks stay.
+                request.value.clone_into(value);
+                *expires = lease_end;
             }
             (LockKind::Exclusive, Some(held)) => {
-                // A call retried after it ran finds itself; anything else keeps it out.
-                if !(matches!(held, Held::Exclusive { .. }) && held.held_by(request.token, now)) {
-                    let remaining = held.expires().saturating_duration_since(now);
-
-                    if matches!(held, Held::Shared { .. }) && request.waiting {
-                        // A writer waiting on readers keeps new readers out.
-                        let token = request.token.to_owned();
-                        self.writers
-                            .entry(key.to_owned())
-                            .or_default()
-                            .insert(token, lease_end);
-                    }
-                    return Err(Some(remaining));
+                let remaining = held.remaining(now);
+                if matches!(held, Held::Shared { .. }) && request.waiting {
+                    // A writer waiting on readers keeps new readers out.
+                    self.writers
+                        .entry(key.to_owned())
+                        .or_default()
+                        .insert(token.to_owned(), lease_end);
                 }
+                return Err(self.busy(request, remaining, now));
             }
             (kind, held) => {
                 let (count, earliest, ours) = match held {
@@ -241,20 +394,22 @@ impl Data {
                     }) if *shared == kind => (
                         holders.len(),
                         holders.values().min().copied(),
-                        holders.contains_key(request.token),
+                        holders.contains_key(request.value),
                     ),
                     Some(other) => {
-                        return Err(Some(other.expires().saturating_duration_since(now)));
+                        let remaining = other.remaining(now);
+                        return Err(self.busy(request, remaining, now));
                     }
                 };
                 if !ours {
                     if writer_waits {
-                        return Err(None);
+                        return Err(self.busy(request, None, now));
                     }
                     if let LockKind::Permits(permits) = kind
                         && count >= permits as usize
                     {
-                        return Err(earliest.map(|at| at.saturating_duration_since(now)));
+                        let remaining = earliest.map(|at| at.saturating_duration_since(now));
+                        return Err(self.busy(request, remaining, now));
                     }
                 }
                 let holders = match self.locks.get_mut(key) {
@@ -273,26 +428,71 @@ impl Data {
                         }
                     }
                 };
-                holders.insert(request.token.to_owned(), lease_end);
+                holders.insert(request.value.to_owned(), lease_end);
             }
         }
         if let Some(writers) = self.writers.get_mut(key) {
-            writers.remove(request.token);
+            writers.remove(token);
         }
         if let Some(queue) = self.queues.get_mut(key) {
-            queue.retain(|(token, _)| token != request.token);
+            queue.retain(|(queued, _)| queued != token);
+        }
+        if request.waiting {
+            self.served(key, token, now);
         }
         Ok(())
     }
 
     /// Keeps a fair waiter's place in the queue (joining at the back the first time).
     fn keep_place(&mut self, request: &AcquireRequest<'_>, now: Instant) {
-        let lapses = now + request.queue_place();
+        let lapses = now + request.waiter_place();
+        let token = request.token();
         let queue = self.queues.entry(request.key.to_owned()).or_default();
-        match queue.iter_mut().find(|(token, _)| token == request.token) {
+        match queue.iter_mut().find(|(queued, _)| queued == token) {
             Some((_, place)) => *place = lapses,
-            None => queue.push_back((request.token.to_owned(), lapses)),
+            None => queue.push_back((token.to_owned(), lapses)),
         }
+    }
+
+    /// `NotALock` when `key` holds data of another application.
+    fn foreign(&self, key: &str) -> Result<(), StoreError> {
+        match self.locks.get(key) {
+            Some(Held::Foreign(found)) => Err(StoreError::from(crate::LockError::NotALock {
+                key: key.to_owned(),
+                found: found.clone(),
+            })),
+            _ => Ok(()),
+        }
+    }
+
+    /// As release.lua and release_many.lua for one key of ours: the key goes, or passes to the
+    /// caller of one key it is reserved for (or, with `all_owed`, of several keys all released
+    /// here); the announcement to send, if any.
+    fn free(&mut self, key: &str, message: &str, all_owed: bool, now: Instant) -> Option<String> {
+        let listening = self.watched(key, now);
+        let Some(Held::Exclusive {
+            waited, reserved, ..
+        }) = self.locks.get(key)
+        else {
+            return None;
+        };
+        let waited = *waited;
+        // An undone attempt (an empty message) held no lock to pass on.
+        if let Some(next) = reserved.clone()
+            && !message.is_empty()
+            && (next.keys == 1 || all_owed)
+        {
+            let held = Held::Exclusive {
+                value: next.value.clone(),
+                expires: now + next.ttl,
+                waited: true,
+                reserved: None,
+            };
+            self.locks.insert(key.to_owned(), held);
+            return Some(format!("{message}{}{}", protocol::HANDED_TO, next.token()));
+        }
+        self.locks.remove(key);
+        (waited || listening).then(|| message.to_owned())
     }
 }
 
@@ -317,67 +517,89 @@ impl MemoryStore {
 
     /// An announcement of no release: the key's end moved, and its waiters look again.
     fn look_again(&self, key: &str) {
+        self.announce(key, String::new());
+    }
+
+    fn announce(&self, key: &str, message: String) {
+        // Nobody listening is fine: waiters also go by the holder's remaining lease.
         let _ = self.inner.releases.send(Released {
             key: key.to_owned(),
-            token: String::new(),
+            message,
         });
     }
 
-    fn announce(&self, lease: LeaseRef<'_>) {
-        // Nobody listening is fine: waiters also go by the holder's remaining lease.
-        let _ = self.inner.releases.send(Released {
-            key: lease.key.to_owned(),
-            token: lease.token.to_owned(),
-        });
+    /// What a release of `lease` announces: its value, or "look again" for an undone attempt.
+    fn message(lease: LeaseRef<'_>) -> &str {
+        if lease.undone { "" } else { lease.value }
     }
 
     /// As release_many.lua: every key of a multi-key lease still ours goes (or is kept while
-    /// its `hold_at_least` runs), announced when a waiter marked it or a watch follows it;
-    /// `true` when every key was ours.
+    /// its `hold_at_least` runs, or passes to the caller it is reserved for), announced when a
+    /// waiter marked it or a watch follows it; `true` when every key was ours.
     fn release_many(&self, lease: LeaseRef<'_>) -> bool {
         let mut announced = Vec::new();
-        let mut looks_again = Vec::new();
         let mut ours = 0;
         {
             let mut data = self.data();
             let now = Instant::now();
             let kept = lease.kept_for();
-            for key in lease.keys {
-                let listening = data.watched(key, now);
-                if let Some(held @ Held::Exclusive { .. }) = data.live(key, now)
-                    && held.held_by(lease.token, now)
-                {
-                    let listened =
-                        listening || matches!(held, Held::Exclusive { waited: true, .. });
-                    match kept {
-                        Some(kept) => {
-                            if let Held::Exclusive { expires, .. } = held {
-                                *expires = now + kept;
-                            }
-                            if listened {
-                                looks_again.push(key);
-                            }
+            let held: Vec<bool> = lease
+                .keys
+                .iter()
+                .map(|key| {
+                    data.live(key, now).is_some_and(|held| {
+                        matches!(held, Held::Exclusive { .. }) && held.held_by(lease.value, now)
+                    })
+                })
+                .collect();
+            // A caller of several keys owed all of them here is handed them all at once.
+            let owed: Vec<Option<(String, usize)>> = lease
+                .keys
+                .iter()
+                .map(|key| match data.locks.get(key) {
+                    Some(Held::Exclusive {
+                        reserved: Some(next),
+                        ..
+                    }) => Some((next.value.clone(), next.keys)),
+                    _ => None,
+                })
+                .collect();
+            let all_owed = owed[0].as_ref().is_some_and(|(first, keys)| {
+                *keys == lease.keys.len()
+                    && owed
+                        .iter()
+                        .all(|next| next.as_ref().is_some_and(|(value, _)| value == first))
+            });
+            for (key, ours_here) in lease.keys.iter().zip(held) {
+                if !ours_here {
+                    continue;
+                }
+                ours += 1;
+                let listened = data.watched(key, now)
+                    || matches!(
+                        data.locks.get(key),
+                        Some(Held::Exclusive { waited: true, .. })
+                    );
+                match kept {
+                    Some(kept) => {
+                        if let Some(Held::Exclusive { expires, .. }) = data.locks.get_mut(key) {
+                            *expires = now + kept;
                         }
-                        None => {
-                            data.locks.remove(key);
-                            if listened {
-                                announced.push(key);
-                            }
+                        if listened {
+                            announced.push((key, String::new()));
                         }
                     }
-                    ours += 1;
+                    None => {
+                        let message = Self::message(lease);
+                        if let Some(message) = data.free(key, message, all_owed, now) {
+                            announced.push((key, message));
+                        }
+                    }
                 }
             }
         }
-        for key in announced {
-            self.announce(LeaseRef {
-                key,
-                keys: &[],
-                ..lease
-            });
-        }
-        for key in looks_again {
-            self.look_again(key);
+        for (key, message) in announced {
+            self.announce(key, message);
         }
         ours == lease.keys.len()
     }
@@ -399,17 +621,9 @@ impl Store for MemoryStore {
             self.injected_failure()?;
             let now = Instant::now();
             let mut data = self.data();
-            if let Err(remaining) = data.take(&request, now) {
-                if request.waiting
-                    && let Some(Held::Exclusive { waited, .. }) = data.live(request.key, now)
-                {
-                    // As the script's busy path: a caller that waits marks an exclusive holder.
-                    *waited = true;
-                }
-                if request.fair && request.waiting {
-                    data.keep_place(&request, now);
-                }
-                return Ok(Acquired::Busy { remaining });
+            data.foreign(request.key)?;
+            if let Err(busy) = data.take(&request, now) {
+                return Ok(busy);
             }
             let fencing_token = request.fencing.then(|| {
                 // As Redis's: never below the clock, and above the key's last token.
@@ -433,43 +647,67 @@ impl Store for MemoryStore {
             self.injected_failure()?;
             let now = Instant::now();
             let mut data = self.data();
+            let token = protocol::holder_token(request.value);
+            for key in request.keys {
+                data.foreign(key)?;
+            }
             // As acquire_many.lua: the first key held by another makes the whole set busy (a
-            // caller that waits marks it); otherwise every key is taken, or kept when ours.
-            for (index, key) in request.keys.iter().enumerate() {
-                match data.live(key, now) {
-                    Some(Held::Exclusive {
-                        token,
-                        expires,
-                        waited,
-                    }) if token != request.token => {
-                        *waited |= request.waiting;
-                        let remaining = expires.saturating_duration_since(now);
-                        return Ok(AcquiredMany::Busy {
-                            key: index,
-                            remaining: Some(remaining),
-                        });
+            // caller that waits marks every such key, and is counted on every key); otherwise
+            // every key is taken, or kept when ours.
+            let busy = request
+                .keys
+                .iter()
+                .position(|key| match data.live(key, now) {
+                    Some(Held::Exclusive { value, .. }) => !protocol::holds(value, token),
+                    Some(_) => true,
+                    None => false,
+                });
+            if let Some(index) = busy {
+                let remaining = data
+                    .live(&request.keys[index], now)
+                    .and_then(|held| held.remaining(now));
+                if request.waiting {
+                    let life = request.waiter_place() + remaining.unwrap_or_default().mul_f64(1.1);
+                    let reservation = request.starving_since.map(|since_ms| Reserved {
+                        since_ms,
+                        ttl: request.ttl,
+                        keys: request.keys.len(),
+                        value: request.value.to_owned(),
+                    });
+                    for key in request.keys {
+                        data.count_waiter(key, token, life, now);
+                        if let Some(held) = data.live(key, now)
+                            && !matches!(held, Held::Exclusive { value, .. } if protocol::holds(value, token))
+                        {
+                            held.mark(reservation.clone());
+                        }
                     }
-                    Some(shared @ Held::Shared { .. }) => {
-                        let remaining = shared.expires().saturating_duration_since(now);
-                        return Ok(AcquiredMany::Busy {
-                            key: index,
-                            remaining: Some(remaining),
-                        });
-                    }
-                    _ => {}
                 }
+                let estimate = data.estimate(&request.keys[index], remaining, now);
+                return Ok(AcquiredMany::Busy {
+                    key: index,
+                    remaining,
+                    estimate,
+                });
             }
             for key in request.keys {
                 match data.live(key, now) {
-                    Some(Held::Exclusive { expires, .. }) => *expires = now + request.ttl,
+                    Some(Held::Exclusive { value, expires, .. }) => {
+                        request.value.clone_into(value);
+                        *expires = now + request.ttl;
+                    }
                     _ => {
                         let held = Held::Exclusive {
-                            token: request.token.to_owned(),
+                            value: request.value.to_owned(),
                             expires: now + request.ttl,
                             waited: false,
+                            reserved: None,
                         };
                         data.locks.insert(key.clone(), held);
                     }
+                }
+                if request.waiting {
+                    data.served(key, token, now);
                 }
             }
             Ok(AcquiredMany::Taken)
@@ -486,12 +724,12 @@ impl Store for MemoryStore {
             leases
                 .iter()
                 .map(|lease| match data.live(lease.key, now) {
-                    Some(Held::Exclusive { token, expires, .. }) if token == lease.token => {
+                    Some(Held::Exclusive { value, expires, .. }) if value == lease.value => {
                         *expires = now + lease.ttl;
                         Renewal::Extended
                     }
-                    Some(Held::Shared { holders, .. }) if holders.contains_key(lease.token) => {
-                        holders.insert(lease.token.to_owned(), now + lease.ttl);
+                    Some(Held::Shared { holders, .. }) if holders.contains_key(lease.value) => {
+                        holders.insert(lease.value.to_owned(), now + lease.ttl);
                         Renewal::Extended
                     }
                     // Gone or another owner's: never re-created.
@@ -507,8 +745,9 @@ impl Store for MemoryStore {
             if !lease.keys.is_empty() {
                 return Ok(self.release_many(lease));
             }
-            // (ours, announced): as the release script, an exclusive lock's release is announced
-            // only when a waiter marked it or a watch follows it; a shared holder's always.
+            // (ours, announcement): as the release script, an exclusive lock's release is
+            // announced only when a waiter marked it or a watch follows it (or to the caller
+            // it is handed to); a shared holder's always.
             let (ours, announced) = {
                 let mut data = self.data();
                 let now = Instant::now();
@@ -528,25 +767,52 @@ impl Store for MemoryStore {
                     return Ok(ours);
                 }
                 match data.live(lease.key, now) {
-                    Some(held @ Held::Exclusive { .. }) if held.held_by(lease.token, now) => {
-                        let waited = matches!(held, Held::Exclusive { waited: true, .. });
-                        data.locks.remove(lease.key);
-                        (true, waited || data.watched(lease.key, now))
+                    Some(held @ Held::Exclusive { .. }) if held.held_by(lease.value, now) => {
+                        (true, data.free(lease.key, Self::message(lease), false, now))
                     }
                     Some(Held::Shared { holders, .. }) => {
-                        let ours = holders.remove(lease.token).is_some();
+                        let ours = holders.remove(lease.value).is_some();
                         if holders.is_empty() {
                             data.locks.remove(lease.key);
                         }
-                        (ours, ours)
+                        (ours, ours.then(|| Self::message(lease).to_owned()))
                     }
-                    _ => (false, false),
+                    _ => (false, None),
                 }
             };
-            if announced {
-                self.announce(lease);
+            if let Some(message) = announced {
+                self.announce(lease.key, message);
             }
             Ok(ours)
+        })
+    }
+
+    fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.injected_failure()?;
+            let now = Instant::now();
+            let given_back = {
+                let mut data = self.data();
+                data.waiters_of(key, now).entries.remove(token);
+                match data.live(key, now) {
+                    Some(Held::Exclusive { value, .. }) if protocol::holds(value, token) => {
+                        let value = value.clone();
+                        data.locks.remove(key);
+                        Some(value)
+                    }
+                    Some(Held::Exclusive { reserved, .. }) => {
+                        if reserved.as_ref().is_some_and(|next| next.token() == token) {
+                            *reserved = None;
+                        }
+                        None
+                    }
+                    _ => None,
+                }
+            };
+            if let Some(value) = given_back {
+                self.announce(key, value);
+            }
+            Ok(())
         })
     }
 
@@ -619,17 +885,18 @@ impl Store for MemoryStore {
                 let mut data = self.data();
                 data.live(key, Instant::now());
                 // The fair queue and writers' claims stay: the next in line keeps its turn.
+                // Data that is no lock is no lock to release.
+                if matches!(data.locks.get(key), Some(Held::Foreign(_))) {
+                    return Ok(false);
+                }
                 match data.locks.remove(key) {
-                    Some(Held::Exclusive { token, .. }) => vec![token],
+                    Some(Held::Exclusive { value, .. }) => vec![value],
                     Some(Held::Shared { holders, .. }) => holders.into_keys().collect(),
-                    None => Vec::new(),
+                    _ => Vec::new(),
                 }
             };
-            for token in &removed {
-                let _ = self.inner.releases.send(Released {
-                    key: key.to_owned(),
-                    token: token.clone(),
-                });
+            for value in &removed {
+                self.announce(key, value.clone());
             }
             Ok(!removed.is_empty())
         })
@@ -683,7 +950,7 @@ impl ReleaseFeed for MemoryFeed {
                         if let Some(key) = self.watched.iter().next() {
                             return Some(Released {
                                 key: key.clone(),
-                                token: String::new(),
+                                message: String::new(),
                             });
                         }
                     }
@@ -746,26 +1013,53 @@ impl MemoryHooks {
         crate::LockClient::over_memory(self.store.clone())
     }
 
-    /// The token stored under `key`, `None` when the key is free.
+    /// The token holding `key`, `None` when the key is free (or holds no lock).
     pub fn holder(&self, key: &str) -> Option<String> {
-        let mut data = self.store.data();
-        match data.live(key, Instant::now())? {
-            Held::Exclusive { token, .. } => Some(token.clone()),
-            Held::Shared { holders, .. } => holders.keys().min().cloned(),
-        }
+        self.holders(key).into_iter().next()
     }
 
-    /// Every token holding `key` now: one for an exclusive lock, each reader or permit holder
-    /// for a shared one.
+    /// Every token holding `key` now, in order: one for an exclusive lock, each reader or
+    /// permit holder for a shared one.
     pub fn holders(&self, key: &str) -> Vec<String> {
         let mut data = self.store.data();
         let mut holders: Vec<String> = match data.live(key, Instant::now()) {
-            Some(Held::Exclusive { token, .. }) => vec![token.clone()],
+            Some(Held::Exclusive { value, .. }) => vec![value.clone()],
             Some(Held::Shared { holders, .. }) => holders.keys().cloned().collect(),
-            None => Vec::new(),
+            _ => Vec::new(),
         };
+        let mut holders: Vec<String> = holders
+            .drain(..)
+            .map(|value| protocol::holder_token(&value).to_owned())
+            .collect();
         holders.sort();
         holders
+    }
+
+    /// Puts another application's string under `key` (as its `SET key hello` would): taking
+    /// `key` is then [`LockError::NotALock`](crate::LockError::NotALock), and the string is
+    /// never written, as in Redis.
+    pub fn put_foreign_string(&self, key: &str) {
+        self.put_foreign(key, protocol::FOREIGN_STRING);
+    }
+
+    /// Puts another application's hash under `key` (as its `HSET key field value` would), as
+    /// [`put_foreign_string`](Self::put_foreign_string) does a string.
+    pub fn put_foreign_hash(&self, key: &str) {
+        self.put_foreign(key, protocol::FOREIGN_HASH);
+    }
+
+    fn put_foreign(&self, key: &str, found: &str) {
+        self.store
+            .data()
+            .locks
+            .insert(key.to_owned(), Held::Foreign(found.to_owned()));
+    }
+
+    /// Whether `key` still holds the data put there by
+    /// [`put_foreign_string`](Self::put_foreign_string) or
+    /// [`put_foreign_hash`](Self::put_foreign_hash).
+    pub fn holds_foreign(&self, key: &str) -> bool {
+        matches!(self.store.data().locks.get(key), Some(Held::Foreign(_)))
     }
 
     /// Expires `key` now, as if its lease ran out: its holder learns `Lost` at its next renewal,
@@ -777,13 +1071,15 @@ impl MemoryHooks {
     /// Lets another owner take `key` for `ttl`, replacing any holder: the holder learns `Lost`
     /// at its next renewal. Returns the other owner's token.
     pub fn take_over(&self, key: &str, ttl: Duration) -> String {
-        let token = format!("another-owner-{:032x}", rand::random::<u128>());
+        let token = format!("{:032x}", rand::random::<u128>());
+        let value = protocol::Origin::new("another-host", 1, "another-owner").value(&token, 0);
         self.store.data().locks.insert(
             key.to_owned(),
             Held::Exclusive {
-                token: token.clone(),
+                value,
                 expires: Instant::now() + ttl,
                 waited: false,
+                reserved: None,
             },
         );
         token

@@ -54,7 +54,8 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// undoes that request itself, in the background and ordered after it, so the engine never
 /// holds a key it does not know about.
 pub(crate) trait Store: Send + Sync + 'static {
-    /// One attempt to take `request.key` for `request.token`, bounded by `budget`.
+    /// One attempt to take `request.key` for `request.value`, bounded by `budget`. A key that
+    /// holds anything but a lock is [`LockError::NotALock`], and left as it is.
     fn acquire<'a>(
         &'a self,
         request: AcquireRequest<'a>,
@@ -84,6 +85,11 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn hands_over(&self) -> Option<&dyn HandsOver> {
         None
     }
+
+    /// The waiter of `token` leaves `key` without the lock: it is no longer counted, its
+    /// reservation of the key is taken off, and a key already handed to it is given back and
+    /// announced (see `scripts/leave.lua`).
+    fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A subscription to release announcements, for waiters.
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
@@ -126,19 +132,21 @@ pub(crate) trait ReleaseFeed: Send {
     fn settle<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
-/// One release announcement: the key, and the token of the lease that was released (so the
-/// announcements of one release heard from several servers can be told apart from the next).
+/// One release announcement: the key, and its message ([`protocol::Announcement`]: the value of
+/// the lease that was released, so the announcements of one release heard from several servers
+/// can be told apart from the next; empty for "look again"; and the waiter it was handed to).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Released {
     pub(crate) key: String,
-    pub(crate) token: String,
+    pub(crate) message: String,
 }
 
 /// One attempt to take a lock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AcquireRequest<'a> {
     pub(crate) key: &'a str,
-    pub(crate) token: &'a str,
+    /// The lease's value ([`protocol::lock_value`]): its token, when and by whom it is taken.
+    pub(crate) value: &'a str,
     pub(crate) kind: LockKind,
     pub(crate) ttl: Duration,
     pub(crate) fencing: bool,
@@ -147,6 +155,9 @@ pub(crate) struct AcquireRequest<'a> {
     pub(crate) waiting: bool,
     /// Waiters are served in arrival order, and nobody barges past them.
     pub(crate) fair: bool,
+    /// A waiter that has waited longer than [`protocol::STARVING_AFTER`]: when it began (ms
+    /// since the Unix epoch), so that a busy key is reserved for it.
+    pub(crate) starving_since: Option<u64>,
 }
 
 impl AcquireRequest<'_> {
@@ -155,10 +166,14 @@ impl AcquireRequest<'_> {
         self.kind == LockKind::Exclusive && !self.fencing && !self.waiting && !self.fair
     }
 
-    /// How long a fair waiter's place in the queue lasts unless it comes back: its own ttl (a
-    /// waiter that died blocks the queue no longer than a holder that died would), at least 1 s.
-    pub(crate) fn queue_place(&self) -> Duration {
-        self.ttl.max(Duration::from_secs(1))
+    /// How long a waiter's place lasts unless it comes back (see [`waiter_place`]).
+    pub(crate) fn waiter_place(&self) -> Duration {
+        waiter_place(self.ttl)
+    }
+
+    /// The token of its value.
+    pub(crate) fn token(&self) -> &str {
+        protocol::holder_token(self.value)
     }
 
     /// The lease this attempt would take, as a release of it names it.
@@ -166,7 +181,7 @@ impl AcquireRequest<'_> {
         LeaseRef {
             key: self.key,
             keys: &[],
-            token: self.token,
+            value: self.value,
             kind: self.kind,
             ttl: self.ttl,
             // The work never ran: an undone attempt deletes.
@@ -176,24 +191,40 @@ impl AcquireRequest<'_> {
     }
 }
 
+/// How long a waiter's place (its count entry, its fair queue place) lasts unless it comes back:
+/// its own ttl (a waiter that died counts no longer than a holder that died would hold), at
+/// least 1 s; the scripts add the holder's remaining lease, which the waiter may sleep out.
+pub(crate) fn waiter_place(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(1))
+}
+
 /// One attempt to take several keys at once, all or none: exclusive locks, one token.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ManyRequest<'a> {
     /// Distinct keys, at least two, in the caller's order (`Busy` names the first busy one).
     pub(crate) keys: &'a [String],
-    pub(crate) token: &'a str,
+    /// The lease's value, as [`AcquireRequest::value`].
+    pub(crate) value: &'a str,
     pub(crate) ttl: Duration,
-    /// The caller will wait when busy: the busy key is marked, so that its release is announced.
+    /// The caller will wait when busy: the busy keys are marked, so that their releases are
+    /// announced, and the caller is counted as waiting for every key.
     pub(crate) waiting: bool,
+    /// As [`AcquireRequest::starving_since`].
+    pub(crate) starving_since: Option<u64>,
 }
 
 impl ManyRequest<'_> {
+    /// As [`AcquireRequest::waiter_place`].
+    pub(crate) fn waiter_place(&self) -> Duration {
+        waiter_place(self.ttl)
+    }
+
     /// The lease this attempt would take, as a release of it names it.
     pub(crate) fn lease(&self) -> LeaseRef<'_> {
         LeaseRef {
             key: &self.keys[0],
             keys: self.keys,
-            token: self.token,
+            value: self.value,
             kind: LockKind::Exclusive,
             ttl: self.ttl,
             // The work never ran: an undone attempt deletes.
@@ -212,21 +243,31 @@ pub(crate) enum AcquiredMany {
     Busy {
         key: usize,
         remaining: Option<Duration>,
+        estimate: Option<Duration>,
     },
 }
 
 /// What an acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquired {
-    Taken { fencing_token: Option<u64> },
-    Busy { remaining: Option<Duration> },
+    Taken {
+        fencing_token: Option<u64>,
+    },
+    /// Held by another: how long until its lease runs out (a waiter sleeps at most that long),
+    /// and how long a caller coming back now may wait for it (the callers waiting, each served
+    /// in the time the key's waiters have lately been served; `Busy`'s `retry_after`), when
+    /// known.
+    Busy {
+        remaining: Option<Duration>,
+        estimate: Option<Duration>,
+    },
 }
 
 /// A deployment that can pass a lock straight from its holder to the next.
 pub(crate) trait HandsOver: Send + Sync {
     /// Passes an exclusive `lease` straight to `next` (a waiter of this client, same key): the
-    /// key gets `next`'s token and ttl with no moment free. When another client waits for the
-    /// key too, it is released and announced instead, as [`Store::release`] does.
+    /// key gets `next`'s value and ttl with no moment free. When a caller elsewhere waited too
+    /// long and reserved the key, it passes to that caller instead.
     fn hand_over<'a>(
         &'a self,
         lease: LeaseRef<'a>,
@@ -237,10 +278,12 @@ pub(crate) trait HandsOver: Send + Sync {
 /// What a hand-over did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HandOver {
-    /// The next holder's token and ttl are on the key now.
+    /// The next holder's value and ttl are on the key now.
     Handed,
-    /// Another client waits too: released and announced instead.
+    /// Released and announced instead (a Redlock whose masters did not agree).
     Released,
+    /// Handed to a caller elsewhere that had waited too long and reserved the key.
+    HandedElsewhere,
     /// The lease was no longer ours: nothing changed.
     NotOurs,
 }
@@ -251,6 +294,7 @@ impl HandOver {
         match reply {
             1 => Self::Handed,
             2 => Self::Released,
+            3 => Self::HandedElsewhere,
             _ => Self::NotOurs,
         }
     }
@@ -262,7 +306,9 @@ pub(crate) struct LeaseRef<'a> {
     pub(crate) key: &'a str,
     /// Every key of a multi-key lease (its first is `key`); empty for a lease of one key.
     pub(crate) keys: &'a [String],
-    pub(crate) token: &'a str,
+    /// What the key holds for this lease ([`protocol::lock_value`]); a shared lock's holder
+    /// field.
+    pub(crate) value: &'a str,
     pub(crate) kind: LockKind,
     pub(crate) ttl: Duration,
     /// `hold_at_least`: until when (nanos on [`crate::clock`]) a release keeps the key.
@@ -288,7 +334,7 @@ impl LeaseRef<'_> {
 pub(crate) struct OwnedLease {
     key: Arc<str>,
     keys: Option<Arc<[String]>>,
-    token: Arc<str>,
+    value: Arc<str>,
     kind: LockKind,
     ttl: Duration,
     hold_until: Option<u64>,
@@ -299,7 +345,7 @@ impl OwnedLease {
         Self {
             key: lease.key.into(),
             keys: (!lease.keys.is_empty()).then(|| lease.keys.into()),
-            token: lease.token.into(),
+            value: lease.value.into(),
             kind: lease.kind,
             ttl: lease.ttl,
             hold_until: lease.hold_until,
@@ -310,7 +356,7 @@ impl OwnedLease {
         LeaseRef {
             key: &self.key,
             keys: self.keys.as_deref().unwrap_or_default(),
-            token: &self.token,
+            value: &self.value,
             kind: self.kind,
             ttl: self.ttl,
             hold_until: self.hold_until,

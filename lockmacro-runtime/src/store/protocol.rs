@@ -4,26 +4,39 @@
 //! that spells it: the deployments, the in-memory store, the inspection API, the command-line
 //! tool and the test kit all read and name keys through it.
 //!
-//! - **An exclusive lock** is a string key `"{prefix}:{key}"` holding its holder's token,
-//!   followed by [`WAITED_MARK`] once a caller waits for it, so that such a release is
-//!   announced. [`holder_token`] reads the token back.
+//! - **An exclusive lock** is a string key `"{prefix}:{key}"` holding its holder's value:
+//!   `{token};{acquired_ms};{pid};{host};{app}` ([`lock_value`], read by [`LockValue::parse`]):
+//!   the token (32 hex digits), when it was taken (ms since the Unix epoch, the holder's
+//!   clock), and who took it ([`Origin`]: host, process id and application name, each of
+//!   `[A-Za-z0-9._-]` only). A value of an older version is the bare token, and still reads as
+//!   a lock. Once a caller waits for it, [`WAITED_MARK`] follows, so that its release is
+//!   announced; once a caller has waited longer than [`STARVING_AFTER`], a reservation for it
+//!   follows the mark (`+{since_ms}/{ttl_ms}/{keys}/{its value}`, [`Reservation`]), and the
+//!   release hands the key straight to that caller instead of freeing it ([`Stored`]).
 //! - **A shared lock** (readers, permits) is a hash: field [`KIND_FIELD`] says which
-//!   ([`shared_kind_tag`]), and each holder has a field of its own, its token, holding its own
-//!   expiry in milliseconds of the server clock. The key expires with its last live holder.
+//!   ([`shared_kind_tag`]), and each holder has a field of its own, its value (as above),
+//!   holding its own expiry in milliseconds of the server clock. The key expires with its last
+//!   live holder.
 //! - **Internal names** ([`Names`]), under a namespace of their own (`lockmacro` unless the
 //!   client sets another, so an ACL can grant exactly them): the fencing counter of a key, the
-//!   channel its releases are announced on (the message is the released token, or empty for "look
-//!   again": a hold kept the key, or an attempt that did not win was undone), a fair lock's
-//!   queue and its places' expiries, and the writers waiting for a key's readers to leave. On a
-//!   Cluster each is placed in its key's slot ([`Names::in_slot`]).
+//!   channel its releases are announced on (the message is the released value, empty for "look
+//!   again": a hold kept the key, or an attempt that did not win was undone; or
+//!   `{released value}>{token}` when the release handed the key to the waiter of that token,
+//!   [`Announcement`]), the callers waiting for it (a hash: each waiter's token, holding when
+//!   its place lapses, for counting them), a fair lock's queue and its places' expiries, and
+//!   the writers waiting for a key's readers to leave. On a Cluster each is placed in its key's
+//!   slot ([`Names::in_slot`]).
 //! - **A watched lock**: while a watch follows a lock, a key named as the lock's release channel
 //!   exists (`"1"`, renewed at each look for [`WATCH_MARK_LIFE`]), so that every release of the
 //!   lock is announced, not only a waited-for one. The release script reads it in the same
 //!   `MGET` as the lock's value: a release nobody waits for or watches costs no more.
 //! - **A lock kept by `hold_at_least`** after its release is stored as it was held: the same
-//!   token (or the same hash field), with the expiry set to the end of the hold.
+//!   value (or the same hash field), with the expiry set to the end of the hold.
 //! - **Fencing tokens** are never below the server clock in microseconds
 //!   ([`fencing_floor`]), so a counter that expired cannot make them go back.
+//! - **Anything else** under a lock's key (a string that is no lock value, a hash without our
+//!   `kind` field, a list…) is not ours: the scripts never write it, and taking it is
+//!   [`LockError::NotALock`](crate::LockError::NotALock).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +44,31 @@ use std::time::Duration;
 use crate::error::LockError;
 use crate::options::LockKind;
 
-/// Appended to an exclusive lock's token once a caller waits for it: its release is announced.
+/// Follows an exclusive lock's holder value once a caller waits for it: its release is
+/// announced (and, with a [`Reservation`] after it, handed over).
 pub const WAITED_MARK: char = '+';
+
+/// Separates the fields of a lock value ([`lock_value`]).
+pub const FIELD_SEPARATOR: char = ';';
+
+/// Separates the fields of a [`Reservation`].
+pub const RESERVATION_SEPARATOR: char = '/';
+
+/// In an announcement, separates the released value from the token of the waiter the key was
+/// handed to ([`Announcement`]).
+pub const HANDED_TO: char = '>';
+
+/// How long a caller may wait before it is owed the lock: one that has waited longer (by its
+/// own clock) reserves the key at its next look, and the key's next release (or hand-over
+/// inside its holder's client) hands it straight to the longest-waiting such caller, wherever it
+/// runs. Go's `sync.Mutex` turns to its starvation mode after 1 ms within a process; across
+/// processes a look costs a round trip, so the bound is a few of them.
+pub const STARVING_AFTER: Duration = Duration::from_millis(20);
+
+/// How long a fair queue place or a waiter's count entry outlives the look that wrote it, at
+/// least: a waiter looks again within the holder's remaining lease (jittered), and its entry
+/// lives that long and this much more.
+pub const WAITER_ENTRY_SLACK: Duration = Duration::from_secs(2);
 
 /// How long a watch's mark on a lock lasts (see the module doc): renewed at each of the
 /// watch's looks, so only a watch that stopped looking for this long loses it, and a watch
@@ -42,23 +78,294 @@ pub const WATCH_MARK_LIFE: Duration = Duration::from_secs(10);
 /// The field of a shared lock's hash that says which kind it is.
 pub const KIND_FIELD: &str = "kind";
 
+/// The field of a key's waiters hash (see the module doc) that keeps how fast waiters are
+/// served: `{last served, ms};{mean interval between two, ms}`, for `Busy`'s `retry_after`.
+pub const SERVED_FIELD: &str = "served";
+
+/// What `NotALock` says a key holds when it is a string that is no lock value (the scripts say
+/// the same).
+pub const FOREIGN_STRING: &str = "a string that is not a lock value";
+
+/// What `NotALock` says a key holds when it is a hash without our `kind` field (the scripts say
+/// the same).
+pub const FOREIGN_HASH: &str = "a hash without lockmacro's `kind` field";
+
 /// How long a fencing counter lives after its last use. Tokens never go below the server clock
 /// in microseconds, so a counter that expired cannot make them go back; the counter only orders
 /// acquisitions faster than the clock, or across a clock that stepped back by less than this.
 pub const FENCING_COUNTER_LIFE: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// The value of an exclusive lock held by `token`, marked when someone waits for it.
-pub fn exclusive_value(token: &str, waited: bool) -> String {
-    if waited {
-        format!("{token}{WAITED_MARK}")
-    } else {
-        token.to_owned()
+/// The longest host or application name a lock value keeps (longer ones are cut).
+const ORIGIN_FIELD_MAX: usize = 64;
+
+/// Who takes a client's locks: the host, the process and the application, written into every
+/// lock value the client writes so that `inspect`, `list`, `watch` and the command-line tool
+/// can say who holds a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    host: String,
+    pid: u32,
+    app: String,
+    /// `;{pid};{host};{app}`: the end of every value taken with this origin.
+    tail: Arc<str>,
+}
+
+impl Origin {
+    /// An origin; `host` and `app` keep `[A-Za-z0-9._-]` (anything else becomes `_`), at most
+    /// 64 characters each, `-` for an empty one.
+    pub fn new(host: &str, pid: u32, app: &str) -> Self {
+        let (host, app) = (origin_field(host), origin_field(app));
+        let tail = format!(";{pid};{host};{app}").into();
+        Self {
+            host,
+            pid,
+            app,
+            tail,
+        }
+    }
+
+    /// This process on this host, under `app` (default: the executable's name).
+    pub fn of_this_process(app: Option<&str>) -> Self {
+        let executable = std::env::current_exe().ok();
+        let executable = executable
+            .as_deref()
+            .and_then(|path| path.file_stem())
+            .and_then(|name| name.to_str());
+        Self::new(
+            &this_host(),
+            std::process::id(),
+            app.or(executable).unwrap_or(""),
+        )
+    }
+
+    /// The host, as written into lock values.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The application name, as written into lock values.
+    pub fn app(&self) -> &str {
+        &self.app
+    }
+
+    /// The value of a lock taken by `token` at `acquired_ms` (ms since the Unix epoch) with
+    /// this origin.
+    pub fn value(&self, token: &str, acquired_ms: u64) -> String {
+        lock_value(token, acquired_ms, &self.tail)
     }
 }
 
-/// The holder's token in an exclusive lock's value, without a waiter's mark.
+/// This host's name: the kernel's (Linux), else `/etc/hostname`, else `$HOSTNAME` or
+/// `$COMPUTERNAME`, else `unknown`. Read once per process.
+fn this_host() -> String {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        ["/proc/sys/kernel/hostname", "/etc/hostname"]
+            .iter()
+            .find_map(|path| std::fs::read_to_string(path).ok())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .or_else(|| std::env::var("COMPUTERNAME").ok())
+            .map(|host| host.trim().to_owned())
+            .filter(|host| !host.is_empty())
+            .unwrap_or_else(|| "unknown".to_owned())
+    })
+    .clone()
+}
+
+/// `field` with only `[A-Za-z0-9._-]` (anything else becomes `_`), at most
+/// [`ORIGIN_FIELD_MAX`] characters, `-` when empty: it never holds a separator or a mark.
+fn origin_field(field: &str) -> String {
+    let kept: String = field
+        .chars()
+        .take(ORIGIN_FIELD_MAX)
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '_' | '-' => c,
+            _ => '_',
+        })
+        .collect();
+    if kept.is_empty() {
+        "-".to_owned()
+    } else {
+        kept
+    }
+}
+
+/// The value of a lock taken by `token` at `acquired_ms`, its origin's `tail` after
+/// ([`Origin::value`]).
+pub fn lock_value(token: &str, acquired_ms: u64, tail: &str) -> String {
+    let mut value = String::with_capacity(token.len() + 21 + tail.len());
+    value.push_str(token);
+    value.push(FIELD_SEPARATOR);
+    // Digit by digit, without the formatting machinery: every acquisition writes one.
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = acquired_ms;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[at..] {
+        value.push(char::from(digit));
+    }
+    value.push_str(tail);
+    value
+}
+
+/// What a lock value says: its token and, for a value of this version, when it was taken and by
+/// whom. A value of an older version is the bare token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockValue<'a> {
+    /// The holder's token.
+    pub token: &'a str,
+    /// When it was taken, ms since the Unix epoch (the holder's clock).
+    pub acquired_ms: Option<u64>,
+    /// The holder's process id.
+    pub pid: Option<u32>,
+    /// The holder's host.
+    pub host: Option<&'a str>,
+    /// The holder's application name.
+    pub app: Option<&'a str>,
+}
+
+impl<'a> LockValue<'a> {
+    /// `value` (a holder's value, without marks) read as a lock value; `None` when it is not
+    /// one: no token first, or fields that are not ours.
+    pub fn parse(value: &'a str) -> Option<Self> {
+        let mut fields = value.split(FIELD_SEPARATOR);
+        let token = fields.next().filter(|token| is_token(token))?;
+        let Some(acquired) = fields.next() else {
+            return Some(Self {
+                token,
+                acquired_ms: None,
+                pid: None,
+                host: None,
+                app: None,
+            });
+        };
+        let (pid, host, app) = (fields.next()?, fields.next()?, fields.next()?);
+        let plain = |field: &str| !field.is_empty() && field.bytes().all(is_origin_byte);
+        if fields.next().is_some() || !plain(host) || !plain(app) {
+            return None;
+        }
+        Some(Self {
+            token,
+            acquired_ms: Some(acquired.parse().ok()?),
+            pid: Some(pid.parse().ok()?),
+            host: Some(host),
+            app: Some(app),
+        })
+    }
+}
+
+fn is_origin_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-')
+}
+
+/// An exclusive lock's stored value, taken apart: its holder's value, whether a caller waits
+/// for it, and the reservation of a caller owed it, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored<'a> {
+    /// The holder's value ([`LockValue`]).
+    pub holder: &'a str,
+    /// A caller waits: the release is announced.
+    pub waited: bool,
+    /// The caller the release hands the key to.
+    pub reserved: Option<Reservation<'a>>,
+}
+
+/// A caller that waited longer than [`STARVING_AFTER`] and is owed the lock: the key's next
+/// release (or hand-over) gives it this caller's value and ttl.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation<'a> {
+    /// When the caller began waiting (ms since the Unix epoch, its clock): of two, the earlier
+    /// keeps the reservation (ties go to the smaller token).
+    pub since_ms: u64,
+    /// The ttl its lease takes.
+    pub ttl_ms: u64,
+    /// How many keys it locks at once: one, or a list (then only a release of them all at once
+    /// hands them over).
+    pub keys: u32,
+    /// The value it takes the key with.
+    pub value: &'a str,
+}
+
+impl Stored<'_> {
+    /// Takes `value` apart; `None` when the holder's part is no lock value.
+    pub fn parse(value: &str) -> Option<Stored<'_>> {
+        let (holder, after) = match value.split_once(WAITED_MARK) {
+            Some((holder, after)) => (holder, Some(after)),
+            None => (value, None),
+        };
+        LockValue::parse(holder)?;
+        let reserved = match after {
+            None | Some("") => None,
+            Some(reservation) => Some(Reservation::parse(reservation)?),
+        };
+        Some(Stored {
+            holder,
+            waited: after.is_some(),
+            reserved,
+        })
+    }
+}
+
+impl Reservation<'_> {
+    fn parse(text: &str) -> Option<Reservation<'_>> {
+        let mut fields = text.splitn(4, RESERVATION_SEPARATOR);
+        let mut number = || fields.next()?.parse::<u64>().ok();
+        let (since_ms, ttl_ms, keys) = (number()?, number()?, number()?);
+        let value = fields.next()?;
+        LockValue::parse(value)?;
+        Some(Reservation {
+            since_ms,
+            ttl_ms,
+            keys: u32::try_from(keys).ok()?,
+            value,
+        })
+    }
+}
+
+/// What a release announcement says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Announcement<'a> {
+    /// The released holder's value; empty for "look again" (nothing was freed).
+    pub released: &'a str,
+    /// The token of the waiter the key was handed to, when it was not freed but handed over.
+    pub handed_to: Option<&'a str>,
+}
+
+impl Announcement<'_> {
+    /// Reads an announcement's message.
+    pub fn parse(message: &str) -> Announcement<'_> {
+        match message.split_once(HANDED_TO) {
+            Some((released, token)) => Announcement {
+                released,
+                handed_to: Some(token),
+            },
+            None => Announcement {
+                released: message,
+                handed_to: None,
+            },
+        }
+    }
+}
+
+/// The holder's token in an exclusive lock's value (or a holder value, or an announcement), the
+/// marks and everything after the token left out.
 pub fn holder_token(value: &str) -> &str {
-    value.strip_suffix(WAITED_MARK).unwrap_or(value)
+    let end = value
+        .find([FIELD_SEPARATOR, WAITED_MARK, HANDED_TO])
+        .unwrap_or(value.len());
+    &value[..end]
 }
 
 /// Whether `token` looks like a lock token the library makes: 32 lowercase hex digits (128
@@ -82,10 +389,10 @@ pub fn is_token(token: &str) -> bool {
     }
 }
 
-/// The holder's token when `value` is an exclusive lock of ours (a token, marked or not);
-/// `None` for any other string.
+/// The holder's token when `value` is an exclusive lock of ours (marked or not); `None` for any
+/// other string.
 pub fn exclusive_holder(value: &str) -> Option<&str> {
-    Some(holder_token(value)).filter(|token| is_token(token))
+    Stored::parse(value).map(|stored| holder_token(stored.holder))
 }
 
 /// The `SCAN MATCH` pattern of every key that starts with `prefix:` (every key for an empty
@@ -105,14 +412,15 @@ pub fn lock_pattern(prefix: &str) -> String {
     pattern
 }
 
-/// Whether an exclusive lock's `value` is `token`'s, marked or not.
-pub fn holds(value: &str, token: &str) -> bool {
-    holder_token(value) == token
+/// Whether an exclusive lock's stored `value` is held by `ours` (a lease's value, or its
+/// token): the same token, whatever marks or reservation follow.
+pub fn holds(value: &str, ours: &str) -> bool {
+    holder_token(value) == holder_token(ours)
 }
 
 /// Whether an exclusive lock's `value` carries a waiter's mark.
 pub fn is_waited_for(value: &str) -> bool {
-    value.ends_with(WAITED_MARK)
+    value.contains(WAITED_MARK)
 }
 
 /// The [`KIND_FIELD`] of a shared lock of `kind`; `None` for the exclusive kind (a string).
@@ -243,6 +551,12 @@ impl Names {
         format!("{}:writers:{key}", self.namespace)
     }
 
+    /// The callers waiting for `key`: a hash of their tokens, each holding when its entry
+    /// lapses (ms, server clock), for counting them; and [`SERVED_FIELD`].
+    pub fn waiters(&self, key: &str) -> String {
+        format!("{}:waiters:{key}", self.namespace)
+    }
+
     /// The channel that announces releases of `key`.
     pub fn release_channel(&self, key: &str) -> String {
         [self.released.as_ref(), key].concat()
@@ -264,7 +578,7 @@ impl Names {
             .is_some_and(|(what, _)| {
                 matches!(
                     what,
-                    "fence" | "released" | "queue" | "queue-expiry" | "writers"
+                    "fence" | "released" | "queue" | "queue-expiry" | "writers" | "waiters"
                 )
             })
     }
@@ -276,6 +590,7 @@ impl Names {
             queue: self.queue(key),
             queue_expiry: self.queue_expiry(key),
             writers: self.writers(key),
+            waiters: self.waiters(key),
         }
     }
 
@@ -286,6 +601,7 @@ impl Names {
             queue: Self::in_slot(key, self.queue(""))?,
             queue_expiry: Self::in_slot(key, self.queue_expiry(""))?,
             writers: Self::in_slot(key, self.writers(""))?,
+            waiters: Self::in_slot(key, self.waiters(""))?,
         })
     }
 
@@ -368,6 +684,7 @@ pub(crate) struct AcquireNames {
     pub(crate) queue: String,
     pub(crate) queue_expiry: String,
     pub(crate) writers: String,
+    pub(crate) waiters: String,
 }
 
 #[cfg(test)]
@@ -379,37 +696,90 @@ mod tests {
     #[test]
     fn a_key_holds_its_token_marked_or_not_and_nothing_else() {
         let token = "0123456789abcdef0123456789abcdef";
-        assert!(holds(token, token));
-        assert!(holds(&exclusive_value(token, true), token));
-        assert!(!holds(&format!("{token}++"), token));
+        let value = Origin::new("web-3", 42, "orders").value(token, 1_764_057_600_123);
+        assert_eq!(value, format!("{token};1764057600123;42;web-3;orders"));
+        for stored in [
+            token.to_owned(),
+            format!("{token}+"),
+            value.clone(),
+            format!("{value}+"),
+            format!(
+                "{value}+12/3000/1/{}",
+                Origin::new("h", 1, "a").value(&"f".repeat(32), 9)
+            ),
+        ] {
+            assert!(holds(&stored, token), "{stored}");
+            assert!(holds(&stored, &value), "{stored}");
+            assert_eq!(exclusive_holder(&stored), Some(token), "{stored}");
+        }
         assert!(!holds("0123456789abcdef0123456789abcdee", token));
         assert!(!holds("", token));
-        assert!(is_waited_for(&exclusive_value(token, true)));
-        assert!(!is_waited_for(token));
+        assert!(is_waited_for(&format!("{value}+")));
+        assert!(!is_waited_for(&value));
     }
 
     #[test]
-    fn only_the_libraries_tokens_are_tokens() {
-        for token in [
-            "0123456789abcdef0123456789abcdef",
-            "67e55044-10b1-426f-9247-bb680e5fe0c8",
-            "67E55044-10B1-426F-9247-BB680E5FE0C8",
-        ] {
-            assert!(is_token(token), "{token}");
-            assert_eq!(exclusive_holder(&exclusive_value(token, true)), Some(token));
-        }
+    fn a_value_says_who_took_the_lock_and_when() {
+        let token = "0123456789abcdef0123456789abcdef";
+        let origin = Origin::new("web 3.example/a", 42, "ördërs;+>/");
+        assert_eq!(
+            (origin.host(), origin.app()),
+            ("web_3.example_a", "_rd_rs____")
+        );
+        let value = origin.value(token, 7);
+        let parsed = LockValue::parse(&value).unwrap();
+        assert_eq!(parsed.token, token);
+        assert_eq!(parsed.acquired_ms, Some(7));
+        assert_eq!(parsed.pid, Some(42));
+        assert_eq!(parsed.host, Some("web_3.example_a"));
+        assert_eq!(parsed.app, Some("_rd_rs____"));
+        let old = LockValue::parse(token).unwrap();
+        assert_eq!((old.token, old.acquired_ms, old.host), (token, None, None));
         for stranger in [
-            "",
             "hello",
-            "1764057600000000",
-            "0123456789ABCDEF0123456789ABCDEF",
-            "0123456789abcdef0123456789abcdeg",
-            "67e55044-10b1-426f-9247bb680e5fe0c8a",
-            "67e5504410b1-426f-9247-bb680e5fe0c8",
+            "",
+            &format!("{token};x;1;h;a"),
+            &format!("{token};1;1;h"),
+            &format!("{token};1;1;h;a;b"),
+            &format!("{token};1;1;h;"),
         ] {
-            assert!(!is_token(stranger), "{stranger}");
+            assert_eq!(LockValue::parse(stranger), None, "{stranger}");
         }
-        assert_eq!(exclusive_holder("hello+"), None);
+        assert_eq!(Origin::new("", 1, "").tail.as_ref(), ";1;-;-");
+        assert_eq!(lock_value("t", 0, ""), "t;0");
+        assert_eq!(
+            lock_value("t", u64::MAX, ";1;h;a"),
+            format!("t;{};1;h;a", u64::MAX)
+        );
+    }
+
+    #[test]
+    fn a_reservation_names_the_caller_owed_the_lock() {
+        let holder = Origin::new("a", 1, "x").value(&"a".repeat(32), 5);
+        let waiter = Origin::new("b", 2, "y").value(&"b".repeat(32), 6);
+        let stored = format!("{holder}+{}/{}/{}/{waiter}", 100, 3000, 2);
+        let parsed = Stored::parse(&stored).unwrap();
+        assert_eq!(parsed.holder, holder);
+        assert!(parsed.waited);
+        let reserved = parsed.reserved.unwrap();
+        assert_eq!(
+            (
+                reserved.since_ms,
+                reserved.ttl_ms,
+                reserved.keys,
+                reserved.value
+            ),
+            (100, 3000, 2, waiter.as_str())
+        );
+        assert_eq!(Stored::parse(&format!("{holder}+")).unwrap().reserved, None);
+        assert_eq!(Stored::parse(&format!("{holder}+x")), None);
+        assert_eq!(Stored::parse("hello+"), None);
+        let handed = format!("{holder}>{}", "b".repeat(32));
+        let heard = Announcement::parse(&handed);
+        assert_eq!(heard.released, holder);
+        assert_eq!(heard.handed_to, Some("b".repeat(32).as_str()));
+        assert_eq!(holder_token(&handed), "a".repeat(32));
+        assert_eq!(Announcement::parse("").released, "");
     }
 
     #[test]
@@ -440,6 +810,7 @@ mod tests {
             names.queue("a"),
             names.queue_expiry("a"),
             names.writers("a"),
+            names.waiters("a"),
         ] {
             assert!(names.is_internal(&internal), "{internal}");
         }

@@ -15,7 +15,7 @@
 //! - Hand-over: a release passes the lock to the next waiter of the same client on every master
 //!   at once, handed when a majority handed it; otherwise the waiter's token is taken back
 //!   wherever it landed. One client's waiters never compete with each other for a majority.
-//! - Waiting: announcements from every master, one per release (they carry the released token;
+//! - Waiting: announcements from every master, one per release (they carry the released value;
 //!   an undone attempt's say "look again" only, so a watch does not take it for a hold).
 //! - Fencing is refused: the largest counter over a quorum need not grow, since the next holder's
 //!   quorum may miss the master that counted the last token.
@@ -31,6 +31,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use super::inspect::{self, Cursor, Page, Snapshot};
+use super::protocol;
 use super::redis::RedisStore;
 use super::redis::server::Server;
 use super::{
@@ -40,6 +41,9 @@ use super::{
 use crate::clock::{self, Backoff};
 use crate::error::LockError;
 use crate::sync::lock;
+
+/// A master's `Busy`: the first busy key, the time until it may be free, the estimated wait.
+type BusyAnswer = (usize, Option<Duration>, Option<Duration>);
 
 /// A Redlock quorum.
 #[derive(Clone)]
@@ -118,10 +122,14 @@ impl RedlockStore {
             .iter()
             .filter(|answer| matches!(answer, Ok(AcquiredMany::Taken)))
             .count();
-        let busy: Vec<(usize, Option<Duration>)> = answers
+        let busy: Vec<BusyAnswer> = answers
             .iter()
             .filter_map(|answer| match answer {
-                Ok(AcquiredMany::Busy { key, remaining }) => Some((*key, *remaining)),
+                Ok(AcquiredMany::Busy {
+                    key,
+                    remaining,
+                    estimate,
+                }) => Some((*key, *remaining, *estimate)),
                 _ => None,
             })
             .collect();
@@ -129,19 +137,33 @@ impl RedlockStore {
             .checked_sub(elapsed + clock::drift(ttl))
             .filter(|left| !left.is_zero());
         if taken >= quorum && validity.is_some() {
+            self.leave_where_busy(undo, &answers);
             return Ok(AcquiredMany::Taken);
         }
         // Not ours: undo wherever it was taken (or may have been), before answering.
         if taken > 0 || busy.len() + taken < self.masters.len() {
             self.release_everywhere(undo).await;
         }
+        if let Some(not_a_lock) = answers.iter().find_map(|answer| match answer {
+            Err(StoreError::Unusable(error)) if matches!(**error, LockError::NotALock { .. }) => {
+                Some(StoreError::Unusable(error.clone()))
+            }
+            _ => None,
+        }) {
+            // Something that is no lock sits under the key on some master: it is left as it is.
+            return Err(not_a_lock);
+        }
         if busy.len() >= quorum {
-            let key = busy.iter().map(|(key, _)| *key).min().unwrap_or(0);
+            let key = busy.iter().map(|(key, ..)| *key).min().unwrap_or(0);
             // Free again once all but a minority of the busy masters are free.
-            let mut remaining: Vec<Option<Duration>> = busy.iter().map(|(_, left)| *left).collect();
-            remaining.sort_unstable();
             let frees_a_majority = busy.len() - (self.masters.len() - quorum);
-            let mut remaining = remaining.get(frees_a_majority - 1).copied().flatten();
+            let majority_view = |pick: fn(&BusyAnswer) -> Option<Duration>| {
+                let mut times: Vec<Option<Duration>> = busy.iter().map(pick).collect();
+                times.sort_unstable();
+                times.get(frees_a_majority - 1).copied().flatten()
+            };
+            let mut remaining = majority_view(|(_, left, _)| *left);
+            let estimate = majority_view(|(.., estimate)| *estimate);
             if taken > 0 {
                 // We took some masters: others may be racing us for the rest, and their keys go
                 // as ours did. Look again soon (the Redlock paper's random retry), not after
@@ -149,7 +171,11 @@ impl RedlockStore {
                 let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
                 remaining = Some(remaining.map_or(retry, |left| left.min(retry)));
             }
-            return Ok(AcquiredMany::Busy { key, remaining });
+            return Ok(AcquiredMany::Busy {
+                key,
+                remaining,
+                estimate,
+            });
         }
         if taken >= quorum {
             return Err(StoreError::unavailable(format!(
@@ -160,6 +186,39 @@ impl RedlockStore {
             answered: taken.max(busy.len()),
             needed: quorum,
         })
+    }
+}
+
+impl RedlockStore {
+    /// A waiter that took the lock on a majority may have reserved the key on a master that
+    /// was busy (see `protocol::Reservation`): that master would hand it the key, under a value
+    /// its lease does not know, at its holder's release. It leaves those masters (in the
+    /// background): the reservation is taken off, or a key handed meanwhile given back.
+    fn leave_where_busy(&self, lease: LeaseRef<'_>, answers: &[Result<AcquiredMany, StoreError>]) {
+        let busy: Vec<RedisStore<Server>> = self
+            .masters
+            .iter()
+            .zip(answers)
+            .filter(|(_, answer)| matches!(answer, Ok(AcquiredMany::Busy { .. })))
+            .map(|(master, _)| master.clone())
+            .collect();
+        if busy.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = match lease.keys {
+            [] => vec![lease.key.to_owned()],
+            keys => keys.to_vec(),
+        };
+        let token = protocol::holder_token(lease.value).to_owned();
+        self.settings.background.spawn(async move {
+            for master in &busy {
+                for key in &keys {
+                    if let Err(error) = master.leave(key, &token).await {
+                        tracing::debug!(key = %key, error = %error, "a Redlock master kept a reservation of a caller that took the lock; it expires with its holder");
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -184,7 +243,14 @@ impl Store for RedlockStore {
                 let answer = master.acquire_with(request, cmd, per_master).await?;
                 Ok(match answer {
                     Acquired::Taken { .. } => AcquiredMany::Taken,
-                    Acquired::Busy { remaining } => AcquiredMany::Busy { key: 0, remaining },
+                    Acquired::Busy {
+                        remaining,
+                        estimate,
+                    } => AcquiredMany::Busy {
+                        key: 0,
+                        remaining,
+                        estimate,
+                    },
                 })
             };
             let decided = self
@@ -194,7 +260,14 @@ impl Store for RedlockStore {
                 AcquiredMany::Taken => Acquired::Taken {
                     fencing_token: None,
                 },
-                AcquiredMany::Busy { remaining, .. } => Acquired::Busy { remaining },
+                AcquiredMany::Busy {
+                    remaining,
+                    estimate,
+                    ..
+                } => Acquired::Busy {
+                    remaining,
+                    estimate,
+                },
             })
         })
     }
@@ -315,6 +388,24 @@ impl Store for RedlockStore {
 
     fn hands_over(&self) -> Option<&dyn HandsOver> {
         Some(self)
+    }
+
+    /// On every master: a majority must answer, so that a key handed to the waiter meanwhile is
+    /// not left held on a majority.
+    fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let outcomes =
+                join_all(self.masters.iter().map(|master| master.leave(key, token))).await;
+            let answered = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+            match answered >= self.quorum() {
+                true => Ok(()),
+                false => Err(StoreError::short_of_quorum(
+                    outcomes,
+                    answered,
+                    self.quorum(),
+                )),
+            }
+        })
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
@@ -451,8 +542,8 @@ impl RedlockStore {
 
 impl HandsOver for RedlockStore {
     /// On every master at once: handed when a majority handed it. Otherwise the next holder's
-    /// token is taken back wherever it landed, and the lease counts as released (announced
-    /// where another client waits) or as not ours, as a majority says.
+    /// value is taken back wherever it landed, and the lease counts as handed to a waiter owed
+    /// it, as released, or as not ours, as a majority says.
     fn hand_over<'a>(
         &'a self,
         lease: LeaseRef<'a>,
@@ -482,9 +573,10 @@ impl HandsOver for RedlockStore {
                     .filter(|answer| matches!(answer, Ok(found) if *found == outcome))
                     .count()
             };
-            let (handed, released, not_ours) = (
+            let (handed, released, elsewhere, not_ours) = (
                 count(HandOver::Handed),
                 count(HandOver::Released),
+                count(HandOver::HandedElsewhere),
                 count(HandOver::NotOurs),
             );
             if handed >= quorum {
@@ -501,14 +593,17 @@ impl HandsOver for RedlockStore {
             }
             if not_ours >= quorum {
                 Ok(HandOver::NotOurs)
-            } else if handed + released >= quorum {
+            } else if elsewhere >= quorum {
+                Ok(HandOver::HandedElsewhere)
+            } else if handed + released + elsewhere >= quorum {
+                // Gone from a majority (freed, or passed to a waiter owed it): no longer ours.
                 Ok(HandOver::Released)
             } else {
                 Err(answers
                     .into_iter()
                     .find_map(Result::err)
                     .unwrap_or(StoreError::NoQuorum {
-                        answered: handed + released + not_ours,
+                        answered: handed + released + elsewhere + not_ours,
                         needed: quorum,
                     }))
             }
@@ -546,6 +641,15 @@ impl QuorumFeed {
     /// row (two undone attempts' "look again", each an empty message), so a master that
     /// announces it again announces something new; and one heard late counts as news: a look too many costs a round trip, a wake-up missed a lease.
     fn is_news(&mut self, master: usize, released: Released) -> bool {
+        if protocol::Announcement::parse(&released.message)
+            .handed_to
+            .is_some()
+        {
+            // A key handed to a waiter: each master hands over on its own, and two undone
+            // attempts' hand-overs read alike; a waiter told twice looks once more, one never
+            // told sleeps out its wait.
+            return true;
+        }
         let now = Instant::now();
         self.heard
             .retain(|_, (first, _)| now.duration_since(*first) < Self::ECHO);
@@ -646,7 +750,7 @@ impl ReleaseFeed for QuorumFeed {
                 if let Some(key) = self.look_again.pop_front() {
                     return Some(Released {
                         key,
-                        token: String::new(),
+                        message: String::new(),
                     });
                 }
                 if self.feeds.iter().all(Option::is_none) {

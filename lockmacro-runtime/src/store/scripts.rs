@@ -9,8 +9,9 @@ use std::time::Duration;
 use redis::Script;
 
 use super::protocol::FENCING_COUNTER_LIFE;
-use super::{AcquireNames, AcquireRequest, Acquired, AcquiredMany, LeaseRef};
+use super::{AcquireNames, AcquireRequest, Acquired, AcquiredMany, LeaseRef, ManyRequest};
 use crate::clock::millis;
+use crate::error::LockError;
 use crate::options::LockKind;
 
 /// `script` with the shared lock's helpers (holders.lua, their one home) in front.
@@ -20,7 +21,19 @@ macro_rules! with_holders {
     };
 }
 
-pub(crate) const ACQUIRE_LUA: &str = with_holders!("scripts/acquire.lua");
+/// `script` with the helpers of a caller that takes a lock or waits for one in front: what a
+/// key holds and its marks (values.lua), and the callers waiting for it (waiters.lua).
+macro_rules! with_waiters {
+    ($($script:literal),+) => {
+        concat!(
+            include_str!("scripts/values.lua"),
+            include_str!("scripts/waiters.lua"),
+            $(include_str!($script)),+
+        )
+    };
+}
+
+pub(crate) const ACQUIRE_LUA: &str = with_waiters!("scripts/holders.lua", "scripts/acquire.lua");
 /// The helpers come after the exclusive paths here: those return first, and a release of an
 /// exclusive lock, the common one, pays nothing for helpers it does not call (defining them
 /// made every release cost Redis about a tenth more).
@@ -30,11 +43,17 @@ pub(crate) const RELEASE_LUA: &str = concat!(
     include_str!("scripts/release_shared.lua")
 );
 pub(crate) const EXTEND_LUA: &str = with_holders!("scripts/extend.lua");
-pub(crate) const HAND_OVER_LUA: &str = include_str!("scripts/hand_over.lua");
+/// Only the waiters' helpers: a hand-over serves a waiter, and runs for every turn of a busy
+/// client's callers.
+pub(crate) const HAND_OVER_LUA: &str = concat!(
+    include_str!("scripts/waiters.lua"),
+    include_str!("scripts/hand_over.lua")
+);
 pub(crate) const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 pub(crate) const FORCE_RELEASE_LUA: &str = include_str!("scripts/force_release.lua");
-pub(crate) const ACQUIRE_MANY_LUA: &str = include_str!("scripts/acquire_many.lua");
+pub(crate) const ACQUIRE_MANY_LUA: &str = with_waiters!("scripts/acquire_many.lua");
 pub(crate) const RELEASE_MANY_LUA: &str = include_str!("scripts/release_many.lua");
+pub(crate) const LEAVE_LUA: &str = include_str!("scripts/leave.lua");
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
@@ -45,9 +64,10 @@ pub(crate) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_MANY_LUA));
 pub(crate) static RELEASE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_MANY_LUA));
+pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(LEAVE_LUA));
 
 /// Every script, for loading them up front on a new connection.
-pub(crate) const ALL: [&str; 8] = [
+pub(crate) const ALL: [&str; 9] = [
     ACQUIRE_LUA,
     RELEASE_LUA,
     EXTEND_LUA,
@@ -56,64 +76,60 @@ pub(crate) const ALL: [&str; 8] = [
     FORCE_RELEASE_LUA,
     ACQUIRE_MANY_LUA,
     RELEASE_MANY_LUA,
+    LEAVE_LUA,
 ];
 
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
 pub(crate) const EXTEND_CHUNK: usize = 500;
 
-/// `SET key token NX PX ttl`: the exclusive fast path, one command.
-pub(crate) fn set_nx(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
+/// `SET key value NX PX ttl`: the exclusive fast path, one command.
+pub(crate) fn set_nx(key: &str, value: &str, ttl: Duration) -> redis::Cmd {
     // Room for `GET` too, so neither form grows its buffers while it is built.
-    let mut cmd = redis::Cmd::with_capacity(7, key.len() + token.len() + 32);
+    let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 32);
     cmd.arg("SET")
         .arg(key)
-        .arg(token)
+        .arg(value)
         .arg("NX")
         .arg("PX")
         .arg(millis(ttl));
     cmd
 }
 
-/// `SET key token NX PX ttl GET` (Redis 7): as [`set_nx`], but the reply tells a retried `SET`
-/// that already landed (our own token comes back) from another holder's key.
-pub(crate) fn set_nx_get(key: &str, token: &str, ttl: Duration) -> redis::Cmd {
-    let mut cmd = set_nx(key, token, ttl);
+/// `SET key value NX PX ttl GET` (Redis 7): as [`set_nx`], but the reply tells a retried `SET`
+/// that already landed (our own value comes back) from another holder's key.
+pub(crate) fn set_nx_get(key: &str, value: &str, ttl: Duration) -> redis::Cmd {
+    let mut cmd = set_nx(key, value, ttl);
     cmd.arg("GET");
     cmd
 }
 
-/// `PTTL key`: how long until a busy key may be free (`protocol::remaining`).
-pub(crate) fn remaining(key: &str) -> redis::Cmd {
-    let mut cmd = redis::cmd("PTTL");
-    cmd.arg(key);
-    cmd
-}
-
-/// The acquire script: any kind of lock, with a fencing token, a fair queue or a writer's claim
-/// against new readers, as `request` asks.
+/// The acquire script: any kind of lock, with a fencing token, a fair queue, a writer's claim
+/// against new readers or a reservation, as `request` asks.
 pub(crate) fn acquire(request: &AcquireRequest<'_>, names: &AcquireNames) -> redis::Cmd {
     let names_len = names.fencing_counter.len()
         + names.queue.len()
         + names.queue_expiry.len()
-        + names.writers.len();
+        + names.writers.len()
+        + names.waiters.len();
     let mut cmd = evalsha(
         &ACQUIRE,
-        5,
-        13,
-        request.key.len() + names_len + request.token.len() + 64,
+        6,
+        15,
+        request.key.len() + names_len + request.value.len() + 96,
     );
     cmd.arg(request.key)
         .arg(&names.fencing_counter)
         .arg(&names.queue)
         .arg(&names.queue_expiry)
-        .arg(&names.writers);
+        .arg(&names.writers)
+        .arg(&names.waiters);
     let (kind, permits) = match request.kind {
         LockKind::Exclusive => ("x", 0),
         LockKind::Read => ("r", 0),
         LockKind::Permits(permits) => ("p", permits),
     };
     let flag = |on: bool| if on { "1" } else { "0" };
-    cmd.arg(request.token)
+    cmd.arg(request.value)
         .arg(millis(request.ttl))
         .arg(if request.fencing {
             millis(FENCING_COUNTER_LIFE)
@@ -124,40 +140,115 @@ pub(crate) fn acquire(request: &AcquireRequest<'_>, names: &AcquireNames) -> red
         .arg(permits)
         .arg(flag(request.fair))
         .arg(flag(request.waiting))
-        .arg(millis(request.queue_place()));
+        .arg(millis(request.waiter_place()))
+        .arg(reservation(request.starving_since, request.ttl, 1));
     cmd
 }
 
-/// The acquire script for several keys at once (all in one slot on a cluster): `keys`, for
-/// `token`, all or none.
-pub(crate) fn acquire_many(keys: &[&str], token: &str, ttl: Duration, waiting: bool) -> redis::Cmd {
-    let bytes: usize = keys.iter().map(|key| key.len()).sum();
+/// A reservation's fields before its value (`{since_ms}/{ttl_ms}/{keys}`, see
+/// `protocol::Reservation`) for a caller waiting since `since` (ms since the Unix epoch);
+/// empty while it has not waited too long.
+fn reservation(since: Option<u64>, ttl: Duration, keys: usize) -> String {
+    since.map_or_else(String::new, |since| {
+        format!("{since}/{}/{keys}", millis(ttl))
+    })
+}
+
+/// What the acquire script's reply means: `{1, fence}` taken, with the fencing token when asked
+/// for; `{0, ms, ms}` busy, with the time until the key may be free and the estimated wait when
+/// the script knows them; `{-1, what}` no lock (`NotALock`). `None` for a reply of another shape.
+pub(crate) fn acquired(
+    request: &AcquireRequest<'_>,
+    reply: &[redis::Value],
+) -> Option<Result<Acquired, LockError>> {
+    let number = |at: usize| match reply.get(at)? {
+        redis::Value::Int(n) => Some(*n),
+        _ => None,
+    };
+    Some(match number(0)? {
+        1 => Ok(Acquired::Taken {
+            fencing_token: request.fencing.then_some(number(1)?.max(0) as u64),
+        }),
+        0 => Ok(Acquired::Busy {
+            remaining: known_millis(number(1)?),
+            estimate: known_millis(number(2)?),
+        }),
+        _ => Err(not_a_lock(request.key, reply.get(1)?)),
+    })
+}
+
+/// A time in ms from a script, `None` when it said -1 (not known).
+fn known_millis(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// `NotALock` for `key`, with what a script said the key holds.
+fn not_a_lock(key: &str, found: &redis::Value) -> LockError {
+    let found = match found {
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        redis::Value::SimpleString(text) => text.clone(),
+        other => format!("{other:?}"),
+    };
+    LockError::NotALock {
+        key: key.to_owned(),
+        found,
+    }
+}
+
+/// The acquire script for several keys at once (all in one slot on a cluster): `keys`, with the
+/// names of their waiters in `waiters`, for `request`'s value, all or none. `whole` when these
+/// are all of the request's keys: only then may the caller reserve them.
+pub(crate) fn acquire_many(
+    keys: &[&str],
+    waiters: &[String],
+    request: &ManyRequest<'_>,
+    whole: bool,
+) -> redis::Cmd {
+    let bytes: usize = keys.iter().map(|key| key.len()).sum::<usize>()
+        + waiters.iter().map(String::len).sum::<usize>();
     let mut cmd = evalsha(
         &ACQUIRE_MANY,
-        keys.len(),
-        keys.len() + 3,
-        bytes + token.len() + 24,
+        2 * keys.len(),
+        2 * keys.len() + 5,
+        bytes + request.value.len() + 64,
     );
     for key in keys {
         cmd.arg(*key);
     }
-    cmd.arg(token)
-        .arg(millis(ttl))
-        .arg(if waiting { "1" } else { "0" });
+    for name in waiters {
+        cmd.arg(name);
+    }
+    let since = request.starving_since.filter(|_| whole);
+    cmd.arg(request.value)
+        .arg(millis(request.ttl))
+        .arg(if request.waiting { "1" } else { "0" })
+        .arg(millis(request.waiter_place()))
+        .arg(reservation(since, request.ttl, request.keys.len()));
     cmd
 }
 
-/// What the multi-key acquire script's reply means: `{1}` taken; `{0, i, ms}` busy at the
-/// `i`-th key (1-based in Lua, 0-based here).
-pub(crate) fn acquired_many(reply: &[i64]) -> Option<AcquiredMany> {
-    match reply {
-        [1] => Some(AcquiredMany::Taken),
-        [0, key, remaining] => Some(AcquiredMany::Busy {
-            key: usize::try_from(*key).ok()?.checked_sub(1)?,
-            remaining: u64::try_from(*remaining).ok().map(Duration::from_millis),
-        }),
+/// What the multi-key acquire script's reply means: `{1}` taken; `{0, i, ms, ms}` busy at the
+/// `i`-th key (1-based in Lua, 0-based here); `{-1, i, what}` the `i`-th key is no lock.
+pub(crate) fn acquired_many(
+    keys: &[&str],
+    reply: &[redis::Value],
+) -> Option<Result<AcquiredMany, LockError>> {
+    let number = |at: usize| match reply.get(at)? {
+        redis::Value::Int(n) => Some(*n),
         _ => None,
+    };
+    if number(0)? == 1 {
+        return Some(Ok(AcquiredMany::Taken));
     }
+    let key = usize::try_from(number(1)?).ok()?.checked_sub(1)?;
+    Some(match number(0)? {
+        0 => Ok(AcquiredMany::Busy {
+            key,
+            remaining: known_millis(number(2)?),
+            estimate: known_millis(number(3)?),
+        }),
+        _ => Err(not_a_lock(keys.get(key)?, reply.get(2)?)),
+    })
 }
 
 /// The multi-key release script: `keys` (all in one slot on a cluster), each announced on its
@@ -166,7 +257,7 @@ pub(crate) fn acquired_many(reply: &[i64]) -> Option<AcquiredMany> {
 pub(crate) fn release_many(
     keys: &[&str],
     channels: &[String],
-    token: &str,
+    value: &str,
     announce: Announce,
     kept: Option<Duration>,
     undone: bool,
@@ -177,7 +268,7 @@ pub(crate) fn release_many(
         &RELEASE_MANY,
         2 * keys.len(),
         2 * keys.len() + 3,
-        bytes + token.len() + 27,
+        bytes + value.len() + 27,
     );
     for key in keys {
         cmd.arg(*key);
@@ -185,7 +276,7 @@ pub(crate) fn release_many(
     for channel in channels {
         cmd.arg(channel);
     }
-    cmd.arg(token);
+    cmd.arg(value);
     announce.mark_release(&mut cmd, kept, undone);
     cmd
 }
@@ -231,20 +322,6 @@ impl Announce {
     }
 }
 
-/// What the acquire script's `{taken, value}` reply means: taken, with the fencing token when
-/// asked for; or busy, with the time until the key may be free when the script knows it.
-pub(crate) fn acquired(request: &AcquireRequest<'_>, (taken, value): (i64, i64)) -> Acquired {
-    if taken == 1 {
-        Acquired::Taken {
-            fencing_token: request.fencing.then_some(value.max(0) as u64),
-        }
-    } else {
-        Acquired::Busy {
-            remaining: u64::try_from(value).ok().map(Duration::from_millis),
-        }
-    }
-}
-
 /// The compare-and-delete script, announcing the release on `channel`; while the lease's
 /// `hold_at_least` runs, the script keeps the key for what is left of it instead (an argument
 /// more, only then: a release without a hold costs what it did).
@@ -253,33 +330,58 @@ pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) ->
         &RELEASE,
         2,
         5,
-        lease.key.len() + lease.token.len() + channel.len() + 27,
+        lease.key.len() + lease.value.len() + channel.len() + 27,
     );
-    cmd.arg(lease.key).arg(channel).arg(lease.token);
+    cmd.arg(lease.key).arg(channel).arg(lease.value);
     announce.mark_release(&mut cmd, lease.kept_for(), lease.undone);
     cmd
 }
 
-/// The hand-over script: `lease`'s key passes to `next` (same key), unless another client
-/// waits for it too; then it is released and announced on `channel` as [`release`] does.
+/// The hand-over script: `lease`'s key passes to `next` (same key), unless a caller elsewhere
+/// waited too long and reserved it; then it passes to that caller, announced on `channel`.
+/// `waiters` names the callers waiting for the key, `next` among them.
 pub(crate) fn hand_over(
     lease: LeaseRef<'_>,
     next: LeaseRef<'_>,
     channel: &str,
+    waiters: &str,
     announce: Announce,
 ) -> redis::Cmd {
     let mut cmd = evalsha(
         &HAND_OVER,
-        2,
-        6,
-        lease.key.len() + lease.token.len() + next.token.len() + channel.len() + 27,
+        3,
+        7,
+        lease.key.len() + lease.value.len() + next.value.len() + channel.len() + waiters.len() + 27,
     );
     cmd.arg(lease.key)
         .arg(channel)
-        .arg(lease.token)
-        .arg(next.token)
+        .arg(waiters)
+        .arg(lease.value)
+        .arg(next.value)
         .arg(millis(next.ttl));
     announce.mark(&mut cmd);
+    cmd
+}
+
+/// The leave script: the waiter of `token` on `key` leaves without the lock (see leave.lua).
+pub(crate) fn leave(
+    key: &str,
+    channel: &str,
+    waiters: &str,
+    token: &str,
+    announce: Announce,
+) -> redis::Cmd {
+    let mut cmd = evalsha(
+        &LEAVE,
+        3,
+        5,
+        key.len() + channel.len() + waiters.len() + token.len() + 8,
+    );
+    cmd.arg(key).arg(channel).arg(waiters).arg(token);
+    cmd.arg(match announce {
+        Announce::Publish => "",
+        Announce::ShardedPublish => "sharded",
+    });
     cmd
 }
 
@@ -292,15 +394,15 @@ pub(crate) fn extend(leases: &[LeaseRef<'_>]) -> redis::Pipeline {
             cmd.arg(lease.key);
         }
         for lease in chunk {
-            cmd.arg(lease.token).arg(millis(lease.ttl));
+            cmd.arg(lease.value).arg(millis(lease.ttl));
         }
     }
     pipe
 }
 
-/// The inspect script, to be followed by its 3 keys and 3 arguments (`store::inspect`).
+/// The inspect script, to be followed by its 3 keys (`store::inspect`).
 pub(crate) fn evalsha_inspect() -> redis::Cmd {
-    evalsha(&INSPECT, 3, 6, 128)
+    evalsha(&INSPECT, 3, 3, 128)
 }
 
 /// The force-release script, to be followed by its 2 keys and 3 arguments (`store::inspect`).

@@ -305,15 +305,15 @@ impl ReleaseFeed for ShardedFeed {
                     .ok()
                     .and_then(|channel| self.watched.get(channel));
                 if let Some(key) = key {
-                    let token = match push.data.get(1) {
-                        Some(Value::BulkString(token)) => {
-                            String::from_utf8_lossy(token).into_owned()
+                    let message = match push.data.get(1) {
+                        Some(Value::BulkString(message)) => {
+                            String::from_utf8_lossy(message).into_owned()
                         }
                         _ => String::new(),
                     };
                     return Some(Released {
                         key: key.clone(),
-                        token,
+                        message,
                     });
                 }
             }

@@ -62,7 +62,7 @@ impl ReleaseFeed for PubSubFeed {
                 if let Some(key) = self.names.released_key(message.get_channel_name()) {
                     return Some(Released {
                         key: key.to_owned(),
-                        token: message.get_payload().unwrap_or_default(),
+                        message: message.get_payload().unwrap_or_default(),
                     });
                 }
             }

@@ -93,7 +93,7 @@ pub(crate) enum Layout {
     Server,
     /// A cluster: every name in its lock key's slot, so no script touches two slots; releases
     /// on sharded channels (`SPUBLISH`). A plain acquire is `SET NX PX GET`: the cluster
-    /// connection may send a `SET` again after it landed, and our own token coming back tells.
+    /// connection may send a `SET` again after it landed, and our own value coming back tells.
     Cluster,
 }
 
@@ -103,6 +103,14 @@ impl Layout {
         match self {
             Self::Server => Ok(names.for_acquire(key)),
             Self::Cluster => names.for_acquire_in_slot(key),
+        }
+    }
+
+    /// The hash of the callers waiting for `key`.
+    fn waiters(self, names: &Names, key: &str) -> Result<String, LockError> {
+        match self {
+            Self::Server => Ok(names.waiters(key)),
+            Self::Cluster => Names::in_slot(key, names.waiters("")),
         }
     }
 
@@ -280,24 +288,31 @@ impl<T: Transport> RedisStore<T> {
     ) -> Result<redis::Cmd, StoreError> {
         let names = &self.settings().names;
         T::LAYOUT.check(names, request.key)?;
-        let (key, token, ttl) = (request.key, request.token, request.ttl);
+        let (key, value, ttl) = (request.key, request.value, request.ttl);
         Ok(match (request.is_plain(), T::LAYOUT) {
-            (true, Layout::Server) => scripts::set_nx(key, token, ttl),
-            (true, Layout::Cluster) => scripts::set_nx_get(key, token, ttl),
-            (false, _) => scripts::acquire(request, &T::LAYOUT.acquire_names(names, key)?),
+            (true, Layout::Server) => scripts::set_nx(key, value, ttl),
+            (true, Layout::Cluster) => scripts::set_nx_get(key, value, ttl),
+            (false, _) => self.acquire_script(request)?,
         })
     }
 
-    /// The plain acquire's reply to `cmd`, [`acquire_cmd`](Self::acquire_cmd)'s `SET NX PX`.
+    /// The acquire script for `request`.
+    fn acquire_script(&self, request: &AcquireRequest<'_>) -> Result<redis::Cmd, StoreError> {
+        let names = T::LAYOUT.acquire_names(&self.settings().names, request.key)?;
+        Ok(scripts::acquire(request, &names))
+    }
+
+    /// The plain acquire's reply to `cmd`, [`acquire_cmd`](Self::acquire_cmd)'s `SET NX PX`:
+    /// `true` when taken.
     async fn set_nx(
         &self,
         connection: &mut T::Connection,
         request: &AcquireRequest<'_>,
         cmd: &redis::Cmd,
         budget: Duration,
-    ) -> Result<Acquired, SendError> {
-        let (key, token) = (request.key, request.token);
-        let taken = match T::LAYOUT {
+    ) -> Result<bool, SendError> {
+        let (key, value) = (request.key, request.value);
+        match T::LAYOUT {
             Layout::Server => {
                 let reply = self.send(connection, key, Request::Cmd(cmd), budget).await;
                 reply.map(|SetNx(taken)| taken)
@@ -308,31 +323,43 @@ impl<T: Transport> RedisStore<T> {
                     .await
                 {
                     // Nothing was there, or a `SET` resent after it landed: ours.
-                    Ok(previous) => Ok(previous.is_none_or(|value| protocol::holds(&value, token))),
-                    // `GET` of a shared lock (a hash): held by readers or permit holders.
+                    Ok(previous) => Ok(previous.is_none_or(|previous| previous == value)),
+                    // `GET` of a hash: a shared lock, or no lock at all (the script tells).
                     Err(SendError::Answered(err)) if err.code() == Some("WRONGTYPE") => Ok(false),
                     Err(other) => Err(other),
                 }
             }
-        };
-        taken.map(|taken| match taken {
-            true => Acquired::Taken {
-                fencing_token: None,
-            },
-            false => Acquired::Busy { remaining: None },
+        }
+    }
+
+    /// The acquire script's answer to `cmd`, for `request`.
+    async fn run_acquire(
+        &self,
+        connection: &mut T::Connection,
+        request: &AcquireRequest<'_>,
+        cmd: &redis::Cmd,
+        budget: Duration,
+    ) -> Result<Result<Acquired, LockError>, SendError> {
+        let reply = self
+            .send::<Vec<redis::Value>>(connection, request.key, Request::Cmd(cmd), budget)
+            .await?;
+        scripts::acquired(request, &reply).ok_or_else(|| {
+            let wrong = format!("an acquire reply of the wrong shape: {reply:?}");
+            SendError::Unknown(StoreError::unavailable(wrong))
         })
     }
 
     /// Acquires `request` by sending `cmd`, its [`acquire_cmd`](Self::acquire_cmd), waiting at
-    /// most `budget`. A `SET` whose outcome is unknown (this future dropped, the reply lost) is
-    /// undone on the connection that carried it.
+    /// most `budget`. A plain `SET` that finds the key taken is followed by the acquire script,
+    /// which tells a lock from anything else under the key and when to come back (and takes
+    /// the key, if it was freed meanwhile). A request whose outcome is unknown (this future
+    /// dropped, the reply lost) is undone on the connection that carried it.
     pub(crate) async fn acquire_with(
         &self,
         request: AcquireRequest<'_>,
         cmd: &redis::Cmd,
         budget: Duration,
     ) -> Result<Acquired, StoreError> {
-        let plain = request.is_plain();
         let connection = self.transport.connection().await?;
         // From here the SET may reach Redis: if this future is dropped, or the reply is
         // lost, the guard undoes it on the same connection.
@@ -343,29 +370,24 @@ impl<T: Transport> RedisStore<T> {
             abandoned: request.lease(),
         };
         let connection = &mut undo.connection;
-        let reply = match plain {
-            true => self.set_nx(connection, &request, cmd, budget).await,
-            false => self
-                .send(connection, request.key, Request::Cmd(cmd), budget)
-                .await
-                .map(|reply| scripts::acquired(&request, reply)),
+        let reply = match request.is_plain() {
+            true => match self.set_nx(connection, &request, cmd, budget).await {
+                Ok(true) => Ok(Ok(Acquired::Taken {
+                    fencing_token: None,
+                })),
+                Ok(false) => {
+                    let script = self.acquire_script(&request)?;
+                    self.run_acquire(connection, &request, &script, budget)
+                        .await
+                }
+                Err(error) => Err(error),
+            },
+            false => self.run_acquire(connection, &request, cmd, budget).await,
         };
         match reply {
-            Ok(Acquired::Busy { remaining: None }) if plain => {
-                undo.disarm();
-                // A caller that fails fast learns when to come back, as from the script.
-                let pttl = scripts::remaining(request.key);
-                let connection = &mut undo.connection;
-                let remaining = self
-                    .send::<i64>(connection, request.key, Request::Cmd(&pttl), budget)
-                    .await;
-                Ok(Acquired::Busy {
-                    remaining: remaining.ok().and_then(protocol::remaining),
-                })
-            }
             Ok(acquired) => {
                 undo.disarm();
-                Ok(acquired)
+                Ok(acquired?)
             }
             Err(SendError::Answered(err)) => {
                 // Redis answered with an error: the SET did not run.
@@ -441,7 +463,7 @@ impl<T: Transport> RedisStore<T> {
         Ok(scripts::release_many(
             &keys,
             &channels,
-            lease.token,
+            lease.value,
             T::LAYOUT.announce(),
             lease.kept_for(),
             lease.undone,
@@ -510,22 +532,33 @@ impl<T: Transport> RedisStore<T> {
             armed: true,
             abandoned: request.lease(),
         };
+        let whole = groups.len() == 1;
         for (at, group) in groups.iter().enumerate() {
             let keys: Vec<&str> = group.iter().map(|&i| request.keys[i].as_str()).collect();
-            let cmd = scripts::acquire_many(&keys, request.token, request.ttl, request.waiting);
+            let waiters = keys
+                .iter()
+                .map(|key| T::LAYOUT.waiters(names, key))
+                .collect::<Result<Vec<_>, _>>()?;
+            let cmd = scripts::acquire_many(&keys, &waiters, &request, whole);
             let left = budget
                 .saturating_sub(started.elapsed())
                 .max(Duration::from_millis(1));
             let reply = self
-                .send::<Vec<i64>>(&mut undo.connection, keys[0], Request::Cmd(&cmd), left)
+                .send::<Vec<redis::Value>>(&mut undo.connection, keys[0], Request::Cmd(&cmd), left)
                 .await;
-            let busy = match reply {
-                Ok(reply) => match scripts::acquired_many(&reply) {
-                    Some(AcquiredMany::Taken) => continue,
-                    Some(AcquiredMany::Busy { key, remaining }) => AcquiredMany::Busy {
+            let refused = match reply {
+                Ok(reply) => match scripts::acquired_many(&keys, &reply) {
+                    Some(Ok(AcquiredMany::Taken)) => continue,
+                    Some(Ok(AcquiredMany::Busy {
+                        key,
+                        remaining,
+                        estimate,
+                    })) => Ok(AcquiredMany::Busy {
                         key: group[key],
                         remaining,
-                    },
+                        estimate,
+                    }),
+                    Some(Err(not_a_lock)) => Err(StoreError::from(not_a_lock)),
                     None => {
                         let wrong = format!("an acquire reply of the wrong shape: {reply:?}");
                         return Err(StoreError::unavailable(wrong));
@@ -540,7 +573,7 @@ impl<T: Transport> RedisStore<T> {
                 }
                 Err(SendError::Unknown(error)) => return Err(error),
             };
-            // Busy: nothing of this group was taken; give back the groups before it.
+            // Busy, or no lock: nothing of this group was taken; give back the groups before it.
             let taken = &groups[..at];
             let lease = request.lease();
             if taken.is_empty()
@@ -550,7 +583,7 @@ impl<T: Transport> RedisStore<T> {
             {
                 undo.disarm();
             }
-            return Ok(busy);
+            return refused;
         }
         undo.disarm();
         Ok(AcquiredMany::Taken)
@@ -657,6 +690,16 @@ impl<T: Transport> Store for RedisStore<T> {
         Some(self)
     }
 
+    fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let names = &self.settings().names;
+            let channel = T::LAYOUT.release_channel(names, key)?;
+            let waiters = T::LAYOUT.waiters(names, key)?;
+            let cmd = scripts::leave(key, &channel, &waiters, token, T::LAYOUT.announce());
+            self.run_script(key, &cmd).await.map(drop)
+        })
+    }
+
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
         self.transport.release_feed()
     }
@@ -739,8 +782,10 @@ impl<T: Transport> HandsOver for RedisStore<T> {
         next: LeaseRef<'a>,
     ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
         Box::pin(async move {
-            let channel = T::LAYOUT.release_channel(&self.settings().names, lease.key)?;
-            let cmd = scripts::hand_over(lease, next, &channel, T::LAYOUT.announce());
+            let names = &self.settings().names;
+            let channel = T::LAYOUT.release_channel(names, lease.key)?;
+            let waiters = T::LAYOUT.waiters(names, lease.key)?;
+            let cmd = scripts::hand_over(lease, next, &channel, &waiters, T::LAYOUT.announce());
             Ok(HandOver::from_reply(
                 self.run_script(lease.key, &cmd).await?,
             ))

@@ -1,27 +1,39 @@
 -- Take a lock of any kind in one atomic step, and, when asked, hand out a fencing token, keep
--- waiters in arrival order, or keep new readers out while a writer waits.
+-- waiters in arrival order, keep new readers out while a writer waits, or reserve the key for a
+-- caller that waited too long.
 --
 -- KEYS[1] = lock key; KEYS[2] = fencing counter; KEYS[3] = fair queue (a list of waiting
 -- tokens, in arrival order); KEYS[4] = the queue's expiries (token -> ms); KEYS[5] = waiting
--- writers (a sorted set of tokens by expiry, ms). Every name comes from the caller, in KEYS[1]'s
--- slot.
--- ARGV[1] = token; ARGV[2] = ttl ms; ARGV[3] = fencing counter life ms, '0' without fencing;
--- ARGV[4] = kind: 'x' exclusive, 'r' read, 'p' permits; ARGV[5] = how many permits;
--- ARGV[6] = '1' when fair; ARGV[7] = '1' when the caller will wait; ARGV[8] = how long a
--- waiter's place in the fair queue lasts unless it comes back, ms.
+-- writers (a sorted set of tokens by expiry, ms); KEYS[6] = the callers waiting (token -> when
+-- its entry lapses, ms; see values.lua). Every name comes from the caller, in KEYS[1]'s slot.
+-- ARGV[1] = the lease's value (`{token};{acquired_ms};{pid};{host};{app}`); ARGV[2] = ttl ms;
+-- ARGV[3] = fencing counter life ms, '0' without fencing; ARGV[4] = kind: 'x' exclusive, 'r'
+-- read, 'p' permits; ARGV[5] = how many permits; ARGV[6] = '1' when fair; ARGV[7] = '1' when
+-- the caller will wait; ARGV[8] = how long a waiter's place lasts unless it comes back, ms;
+-- ARGV[9] = the caller's reservation (`{since_ms}/{ttl_ms}/1`) once it has waited longer than
+-- protocol::STARVING_AFTER, '' before.
 --
--- An exclusive lock is a string: its holder's token, followed by '+' once a caller that waits
--- found it busy, so that its release announces itself (one nobody waits for announces
--- nothing). Readers and permit holders share a hash:
--- field `kind` says which ('read' or 'permits:N'), and each holder has a field of its own, its
--- token, holding its own expiry (ms, server clock), so each lease lives and ends on its own.
+-- An exclusive lock is a string: its holder's value, then '+' once a caller that waits found it
+-- busy, so that its release announces itself (one nobody waits for announces nothing), then the
+-- reservation of the caller owed it, if any: the release hands the key to that caller. Readers
+-- and permit holders share a hash: field `kind` says which ('read' or 'permits:N'), and each
+-- holder has a field of its own, its value, holding its own expiry (ms, server clock), so each
+-- lease lives and ends on its own. Anything else under the key is not a lock, and is left as it
+-- is.
 --
--- Returns {1, fencing token (0 without)} when taken; {0, ms until it may be free, -1 if not
--- known} when busy.
-local key, token, ttl, kind = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4]
+-- Returns {1, fencing token (0 without)} when taken; {0, ms until it may be free (-1 if not
+-- known), ms a caller coming back now may wait (-1 if not known)} when busy; {-1, what the key
+-- holds} when it is no lock.
+local key, value, ttl, kind = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4]
+local token = token_of(value)
 local fair, waiting = ARGV[6] == '1', ARGV[7] == '1'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+local ktype, stored, foreign = look_at(key)
+if foreign then
+  return {-1, foreign}
+end
 
 local function ms(n)
   return string.format('%d', math.floor(n))
@@ -39,26 +51,28 @@ local function queue_head()
   end
 end
 
--- Busy: a caller that waits marks an exclusive holder's key (`holder`, the key's value when
--- already read) and keeps its place in a fair queue.
-local function busy(remaining, holder)
+-- Busy: a caller that waits is counted, marks an exclusive holder's key (reserving it once it
+-- waited too long) and keeps its place in a fair queue.
+local function busy(remaining)
   if waiting then
-    if holder == nil then
-      holder = redis.pcall('GET', key)
+    local place = tonumber(ARGV[8])
+    count_waiter(KEYS[6], token, now, place + math.floor(math.max(remaining, 0) * 1.1))
+    if stored then
+      local reservation = ''
+      if ARGV[9] ~= '' and kind == 'x' and not fair then
+        reservation = ARGV[9] .. '/' .. value
+      end
+      mark(key, stored, reservation)
     end
-    if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
-      redis.call('APPEND', key, '+')
+    if fair then
+      if redis.call('HSET', KEYS[4], token, ms(now + place)) == 1 then
+        redis.call('RPUSH', KEYS[3], token)
+      end
+      redis.call('PEXPIRE', KEYS[3], place)
+      redis.call('PEXPIRE', KEYS[4], place)
     end
   end
-  if fair and waiting then
-    local life = tonumber(ARGV[8])
-    if redis.call('HSET', KEYS[4], token, ms(now + life)) == 1 then
-      redis.call('RPUSH', KEYS[3], token)
-    end
-    redis.call('PEXPIRE', KEYS[3], life)
-    redis.call('PEXPIRE', KEYS[4], life)
-  end
-  return {0, remaining}
+  return {0, remaining, estimate(KEYS[6], remaining)}
 end
 
 if fair then
@@ -68,7 +82,6 @@ if fair then
   end
 end
 
-local ktype = redis.call('TYPE', key)['ok']
 -- A shared lock's live holders, and the latest and earliest of their ends (ms, server clock).
 local count, latest, earliest = 0, 0, nil
 if ktype == 'hash' then
@@ -88,18 +101,22 @@ local function free_in()
 end
 
 if kind == 'x' then
-  -- A string key holding `token` (marked or not) is a call retried after it already ran.
-  local holder = ktype == 'string' and redis.call('GET', key)
   if ktype == 'none' then
     -- Fair waiters all look at each release: a fair holder's is always announced.
-    redis.call('SET', key, fair and (token .. '+') or token, 'PX', ttl)
-  elseif holder ~= token and holder ~= token .. '+' then
+    redis.call('SET', key, fair and (value .. '+') or value, 'PX', ttl)
+  elseif ktype == 'string' and token_of(stored) == token then
+    -- Ours already: a call retried after it ran, or the key handed to this waiter by a
+    -- release. It takes this attempt's value and the ttl from now; a waiter's mark and a
+    -- reservation after it stay.
+    local _, after = parts(stored)
+    redis.call('SET', key, after and (value .. '+' .. after) or value, 'PX', ttl)
+  else
     if ktype == 'hash' and waiting then
       -- A writer waiting on readers keeps new readers out, so readers cannot starve it.
       redis.call('ZADD', KEYS[5], ms(now + ttl), token)
       redis.call('PEXPIRE', KEYS[5], ttl)
     end
-    return busy(free_in(), holder)
+    return busy(free_in())
   end
   redis.call('ZREM', KEYS[5], token)
 else
@@ -109,7 +126,7 @@ else
     return busy(free_in())
   end
   -- A call retried after it already ran finds its own field.
-  if redis.call('HEXISTS', key, token) == 0 then
+  if redis.call('HEXISTS', key, value) == 0 then
     if kind == 'r' then
       redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
       if redis.call('ZCARD', KEYS[5]) > 0 then
@@ -119,7 +136,7 @@ else
       return busy(earliest - now)
     end
   end
-  redis.call('HSET', key, token, ms(now + ttl), 'kind', tag)
+  redis.call('HSET', key, value, ms(now + ttl), 'kind', tag)
   if now + ttl > latest then latest = now + ttl end
   redis.call('PEXPIRE', key, latest - now)
 end
@@ -127,6 +144,9 @@ end
 if fair then
   redis.call('LREM', KEYS[3], 1, token)
   redis.call('HDEL', KEYS[4], token)
+end
+if waiting then
+  served(KEYS[6], token, now)
 end
 
 if ARGV[3] == '0' then

@@ -1,35 +1,64 @@
 -- Take several exclusive locks for one token in one atomic step: all of them, or none.
--- KEYS = the lock keys (distinct; on a cluster, all in one slot). ARGV[1] = token; ARGV[2] = ttl
--- ms; ARGV[3] = '1' when the caller will wait.
+-- KEYS[1..n] = the lock keys (distinct; on a cluster, all in one slot); KEYS[n+1..2n] = the
+-- callers waiting for each (see values.lua), in the same order. ARGV[1] = the lease's value;
+-- ARGV[2] = ttl ms; ARGV[3] = '1' when the caller will wait; ARGV[4] = how long a waiter's
+-- entry lasts unless it comes back, ms; ARGV[5] = the caller's reservation
+-- (`{since_ms}/{ttl_ms}/{keys}`) once it has waited longer than protocol::STARVING_AFTER, ''
+-- before, and always '' when these are not all of its keys (a cluster's slots taken one by one).
 --
--- Each key is taken as acquire.lua takes an exclusive lock: a string holding the token. A key
--- that holds our token already (marked or not) is a call retried after it ran: it keeps its
--- value and gets the ttl. A caller that waits marks the busy key ('+' after its holder's
--- token, see acquire.lua), so that its release is announced.
--- Returns {1} when every key was taken; {0, i, ms until KEYS[i] may be free, -1 if not known}
--- when KEYS[i] is the first busy key (nothing was taken).
-local token, ttl, waiting = ARGV[1], ARGV[2], ARGV[3] == '1'
-local marked = token .. '+'
-local values = {}
-for i, key in ipairs(KEYS) do
-  local holder = redis.pcall('GET', key)
-  if type(holder) == 'table' then
-    -- Not a string: a shared lock (readers, permits) holds it.
-    return {0, i, redis.call('PTTL', key)}
+-- Each key is taken as acquire.lua takes an exclusive lock: a string holding the value. A key
+-- that holds our token already (marked or not) is a call retried after it ran, or a key handed
+-- to this caller by a release: it takes this attempt's value and the ttl. A caller that waits
+-- marks every key held by another, so that their releases are announced, and is counted as
+-- waiting for every key; once it has waited too long it reserves them (a release of all of them
+-- at once hands them over). Anything but a lock under one of the keys is left as it is.
+-- Returns {1} when every key was taken; {0, i, ms until KEYS[i] may be free (-1 if not known),
+-- ms a caller coming back now may wait (-1 if not known)} when KEYS[i] is the first busy key
+-- (nothing was taken); {-1, i, what KEYS[i] holds} when it is no lock.
+local n = #KEYS / 2
+local value, ttl, waiting = ARGV[1], ARGV[2], ARGV[3] == '1'
+local token = token_of(value)
+local stored, busy = {}, nil
+for i = 1, n do
+  local ktype, v, foreign = look_at(KEYS[i])
+  if foreign then
+    return {-1, i, foreign}
   end
-  if holder and holder ~= token and holder ~= marked then
-    if waiting and string.sub(holder, -1) ~= '+' then
-      redis.call('APPEND', key, '+')
-    end
-    return {0, i, redis.call('PTTL', key)}
+  stored[i] = v
+  -- A hash is a shared lock (readers, permits): busy.
+  if ktype == 'hash' or (v and token_of(v) ~= token) then
+    busy = busy or i
   end
-  values[i] = holder
 end
-for i, key in ipairs(KEYS) do
-  if values[i] then
-    redis.call('PEXPIRE', key, ttl)
-  else
-    redis.call('SET', key, token, 'PX', ttl)
+if busy then
+  local remaining = redis.call('PTTL', KEYS[busy])
+  if waiting then
+    local clock = redis.call('TIME')
+    local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    local life = tonumber(ARGV[4]) + math.floor(math.max(remaining, 0) * 1.1)
+    local reservation = ''
+    if ARGV[5] ~= '' then reservation = ARGV[5] .. '/' .. value end
+    for i = 1, n do
+      count_waiter(KEYS[n + i], token, now, life)
+      if stored[i] and token_of(stored[i]) ~= token then
+        mark(KEYS[i], stored[i], reservation)
+      end
+    end
   end
+  return {0, busy, remaining, estimate(KEYS[n + busy], remaining)}
+end
+local now = nil
+if waiting then
+  local clock = redis.call('TIME')
+  now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
+for i = 1, n do
+  local taken = value
+  if stored[i] then
+    local _, after = parts(stored[i])
+    if after then taken = value .. '+' .. after end
+  end
+  redis.call('SET', KEYS[i], taken, 'PX', ttl)
+  if waiting then served(KEYS[n + i], token, now) end
 end
 return {1}

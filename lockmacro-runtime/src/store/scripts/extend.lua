@@ -1,8 +1,8 @@
--- Extend many leases in one call, each only while it is still held by its token: an exclusive
+-- Extend many leases in one call, each only while it is still held by its value: an exclusive
 -- lock's key is extended; a shared lock's holder gets a new expiry and the key lives as long as
 -- its longest-living holder. A missing key is never re-created: that lease is lost. A key
 -- replaced by a value of another type is lost too, and costs the other leases nothing.
--- KEYS[i] = lock key, ARGV[2i-1] = its token, ARGV[2i] = its ttl in ms.
+-- KEYS[i] = lock key, ARGV[2i-1] = its lease's value, ARGV[2i] = its ttl in ms.
 -- Returns one integer per key: 1 extended, 0 lost.
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -11,8 +11,8 @@ for i, key in ipairs(KEYS) do
   local token, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   extended[i] = 0
   local holder = redis.pcall('GET', key)
-  -- Ours, or ours marked by a waiter (see acquire.lua).
-  if holder == token or holder == token .. '+' then
+  -- Ours, or ours marked by a waiter (perhaps reserved for one, see acquire.lua).
+  if holder == token or (type(holder) == 'string' and string.sub(holder, 1, #token + 1) == token .. '+') then
     redis.call('PEXPIRE', key, ttl)
     extended[i] = 1
   elseif type(holder) == 'table' and redis.call('TYPE', key)['ok'] == 'hash' then

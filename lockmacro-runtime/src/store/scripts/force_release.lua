@@ -1,7 +1,8 @@
 -- Remove every holder of a lock at an operator's request, and announce it so waiters look again
 -- at once. The caller read the key first (inspect.lua) and says what it found, so nothing but
--- that lock is removed: an exclusive lock still holding that holder's token (marked or not), or
--- a shared lock still of that kind. The fair queue and writers' claims beside the key are left
+-- that lock is removed: an exclusive lock still held by that holder's token (whatever marks
+-- follow), or a shared lock still of that kind. The announcement is each removed holder's
+-- value. The fair queue and writers' claims beside the key are left
 -- as they are: the next in line still gets its turn, and a waiting writer still keeps new
 -- readers out.
 --
@@ -16,10 +17,10 @@ local publish = ARGV[1] == 'sharded' and 'SPUBLISH' or 'PUBLISH'
 local ktype = redis.call('TYPE', key)['ok']
 if ARGV[2] == 'x' then
   if ktype ~= 'string' then return 0 end
-  local value = redis.call('GET', key)
-  if value ~= ARGV[3] and value ~= ARGV[3] .. '+' then return 0 end
+  local holder = string.match(redis.call('GET', key), '^[^+]*')
+  if string.match(holder, '^[^;]*') ~= ARGV[3] then return 0 end
   redis.call('DEL', key)
-  redis.call(publish, channel, ARGV[3])
+  redis.call(publish, channel, holder)
   return 1
 end
 if ktype ~= 'hash' or redis.call('HGET', key, 'kind') ~= ARGV[2] then return 0 end

@@ -1,14 +1,16 @@
--- Release one lease, only while it is still held by its token, and tell waiters: an exclusive
--- lock's key is deleted; a shared lock's holder leaves, and the key goes with its last holder.
--- An exclusive lock is announced when a waiter marked it (its token followed by '+', see
+-- Release one lease, only while it is still held by its value, and tell waiters: an exclusive
+-- lock's key is deleted (or handed to the caller it is reserved for); a shared lock's holder
+-- leaves, and the key goes with its last holder.
+-- An exclusive lock is announced when a waiter marked it (its value followed by '+', see
 -- acquire.lua) or a watch follows it (a key named as its release channel exists, see
 -- protocol.rs): a release nobody waits for or watches costs no PUBLISH, and finding out costs
 -- nothing but the second key of the MGET that reads the lock.
 -- KEYS[1] = lock key; KEYS[2] = the release channel, and the name of its watch mark (a key
 -- here, so that a cluster refuses a channel outside the key's slot); ARGV[1] = our
--- token; ARGV[2] = 'sharded' for a cluster's sharded channel (announced by SPUBLISH), absent
+-- lease's value; ARGV[2] = 'sharded' for a cluster's sharded channel (announced by SPUBLISH), absent
 -- otherwise (PUBLISH): one argument fewer for Redis to read on every release of a single server.
--- The message is the released token, which tells one release from the next.
+-- The message is the released value, which tells one release from the next; a key handed to
+-- the caller it was reserved for is announced as `{released value}>{its token}`.
 -- ARGV[3] = milliseconds left of the lease's `hold_at_least` while it runs, else '' or absent:
 -- the key is not freed yet (see `kept` below). ARGV[4] = 'undo' for an attempt that did not win the lock (a minority
 -- of Redlock's masters, an answer lost): no holder held it, so its release is announced as
@@ -20,7 +22,7 @@
 -- `scripts.rs` follows this with holders.lua and release_shared.lua, the shared lock's paths:
 -- an exclusive lock's release returns before them and pays nothing for their helpers.
 local key, token = KEYS[1], ARGV[1]
--- `kept`: hold_at_least, the key is not freed yet. It keeps its holder's token (a shared lock,
+-- `kept`: hold_at_least, the key is not freed yet. It keeps its holder's value (a shared lock,
 -- its holder's field) and expires when the hold is over, longer or sooner than its lease.
 -- Nothing is free, but the key's end moved: whoever waits or watches is told to look again (an
 -- empty message, no token released), so a waiter sleeps until the hold's end, not its lease's.
@@ -38,10 +40,10 @@ end
 local found = redis.call('MGET', key, KEYS[2])
 local holder = found[1]
 if holder then
-  -- An exclusive lock: its holder's token, marked by a waiter or not.
+  -- An exclusive lock: its holder's value, marked by a waiter or not.
   local marked = false
   if holder ~= token then
-    if holder ~= token .. '+' then
+    if string.sub(holder, 1, #token + 1) ~= token .. '+' then
       return 0
     end
     marked = true
@@ -49,6 +51,20 @@ if holder then
   if kept then
     redis.call('PEXPIRE', key, kept)
   else
+    -- A caller of one key owed the lock (a reservation after the mark) takes it now, marked:
+    -- the key is never free for another to barge in, and only that caller is told. Not from an
+    -- undone attempt: it held no lock to pass on (a minority of Redlock's masters handing the
+    -- key over would split them), and the caller owed it looks again when told to.
+    local ttl, keys, next_value = nil, nil, nil
+    if marked and message ~= '' then
+      ttl, keys, next_value = string.match(string.sub(holder, #token + 2), '^%d+/(%d+)/(%d+)/(.*)$')
+    end
+    if keys == '1' then
+      redis.call('SET', key, next_value .. '+', 'PX', ttl)
+      local publish = sharded and 'SPUBLISH' or 'PUBLISH'
+      redis.call(publish, KEYS[2], message .. '>' .. string.match(next_value, '^[^;]*'))
+      return 1
+    end
     redis.call('DEL', key)
   end
   if marked or found[2] then

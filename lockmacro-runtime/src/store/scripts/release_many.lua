@@ -1,13 +1,14 @@
--- Release every key of a multi-key lease still held by its token, and tell waiters: each key
--- is deleted as release.lua deletes an exclusive lock, and announced on its own channel when a
--- waiter marked it (its token followed by '+', see acquire.lua and acquire_many.lua) or a watch
--- follows it (a key named as its release channel exists, see protocol.rs).
+-- Release every key of a multi-key lease still held by its value, and tell waiters: each key
+-- is deleted as release.lua deletes an exclusive lock (or handed to the caller it is reserved
+-- for), and announced on its own channel when a waiter marked it (its value followed by '+',
+-- see acquire.lua and acquire_many.lua) or a watch follows it (a key named as its release
+-- channel exists, see protocol.rs).
 -- KEYS[1..n] = the lock keys; KEYS[n+1..2n] = their release channels, and the names of their
 -- watch marks, in the same order (keys here, so that a cluster refuses a channel outside the
--- keys' slot); ARGV[1] = our token; ARGV[2] = 'sharded' for a cluster's sharded channels
+-- keys' slot); ARGV[1] = our lease's value; ARGV[2] = 'sharded' for a cluster's sharded channels
 -- (SPUBLISH), '' or absent otherwise (PUBLISH); ARGV[3] = milliseconds left of the lease's
 -- `hold_at_least`, given only while it runs: then each key is kept that long instead (its
--- holder's token stays), and whoever waits or watches is told to look again (an empty
+-- holder's value stays), and whoever waits or watches is told to look again (an empty
 -- message), as release.lua does. ARGV[4] = 'undo' for an attempt that did not win the lock (a busy slot
 -- after others were taken, an answer lost): announced as "look again" (an empty message), as
 -- release.lua does.
@@ -21,13 +22,38 @@ local message = ARGV[4] == 'undo' and '' or token
 local released = 0
 -- Every lock's value (false for none, or a shared lock's hash) and every watch mark, at once.
 local found = redis.call('MGET', unpack(KEYS))
+-- Each key of ours, and the caller it is reserved for: `{ttl, keys, value}`, or false.
+local ours, owed = {}, {}
 for i = 1, n do
   local holder = found[i]
-  if holder == token or holder == token .. '+' then
-    local listened = holder ~= token or found[n + i]
+  if holder == token then
+    ours[i], owed[i] = true, false
+  elseif holder and string.sub(holder, 1, #token + 1) == token .. '+' then
+    ours[i] = true
+    local ttl, keys, next_value = string.match(string.sub(holder, #token + 2), '^%d+/(%d+)/(%d+)/(.*)$')
+    owed[i] = ttl and {ttl, tonumber(keys), next_value} or false
+  end
+end
+-- A caller of several keys is handed them only when they are all released here at once: these
+-- keys, each reserved for it (it waits for no other key, or it would not own them all).
+local function owed_all_here(next_value, keys)
+  if keys ~= n then return false end
+  for i = 1, n do
+    if not (owed[i] and owed[i][3] == next_value) then return false end
+  end
+  return true
+end
+for i = 1, n do
+  if ours[i] then
+    local listened = found[i] ~= token or found[n + i]
+    local next = owed[i]
     if kept then
       redis.call('PEXPIRE', KEYS[i], kept)
       if listened then redis.call(publish, KEYS[n + i], '') end
+    elseif next and message ~= '' and (next[2] == 1 or owed_all_here(next[3], next[2])) then
+      -- Handed to the caller owed it, marked; only it is told.
+      redis.call('SET', KEYS[i], next[3] .. '+', 'PX', next[1])
+      redis.call(publish, KEYS[n + i], message .. '>' .. string.match(next[3], '^[^;]*'))
     else
       redis.call('DEL', KEYS[i])
       if listened then redis.call(publish, KEYS[n + i], message) end
