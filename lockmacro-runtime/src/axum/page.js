@@ -77,7 +77,8 @@
     source.onopen = () => { liveState.textContent = "live"; };
     source.onerror = () => { liveState.textContent = "reconnecting…"; };
     source.addEventListener("acquired", (e) => {
-      show("acquired", "acquired by " + JSON.parse(e.data).holder + "…");
+      const taken = JSON.parse(e.data);
+      show("acquired", "acquired by " + taken.holder + "…" + (taken.who ? " (" + taken.who + ")" : ""));
     });
     source.addEventListener("released", () => {
       show("released", "released (by its holder, expired or forced)");

@@ -381,7 +381,7 @@ async fn events(State(page): State<Arc<Page>>, RawQuery(query): RawQuery) -> Res
     response
 }
 
-/// A watch as Server-Sent Events: `acquired` (`{"holder":"ab12"}`), `released`, `trouble`
+/// A watch as Server-Sent Events: `acquired` (`{"holder":"ab12","who":"billing (pid 7) on web-1"}`), `released`, `trouble`
 /// when Redis does not answer (the watch goes on), and a comment every [`KEEP_ALIVE`] of
 /// silence. The permit is held while the stream lives.
 fn live(
@@ -392,9 +392,14 @@ fn live(
         let event = match timeout(KEEP_ALIVE, watch.next()).await {
             Err(_) => Event::default().comment("still watching"),
             Ok(None) => return None,
-            Ok(Some(Ok(LockEvent::Acquired { token_hint }))) => Event::default()
-                .event("acquired")
-                .data(format!(r#"{{"holder":{}}}"#, json_string(&token_hint))),
+            Ok(Some(Ok(LockEvent::Acquired { token_hint, holder }))) => {
+                let who = render::identity(&holder).unwrap_or_default();
+                Event::default().event("acquired").data(format!(
+                    r#"{{"holder":{},"who":{}}}"#,
+                    json_string(&token_hint),
+                    json_string(&who)
+                ))
+            }
             Ok(Some(Ok(LockEvent::Released))) => Event::default().event("released").data("{}"),
             Ok(Some(Err(error))) => Event::default().event("trouble").data(format!(
                 r#"{{"error":{}}}"#,

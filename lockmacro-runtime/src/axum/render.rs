@@ -226,11 +226,15 @@ fn row(out: &mut String, view: &TableView<'_>, lock: &LockInfo) {
     out.push_str("</tr>\n");
 }
 
-/// One holder in the Holders column. Holder identity (host, process, application, since when)
-/// belongs here, beside the token hint, and in [`holder_label`].
+/// One holder in the Holders column: its token hint, who holds it and since when, and its
+/// time left.
 fn holder(holder: &Holder) -> String {
+    let who = match identity(holder) {
+        Some(who) => format!(r#" <span class="who">{}</span>"#, html(&who)),
+        None => String::new(),
+    };
     format!(
-        r#"<li><code class="token">{}…</code> <span class="left">{}</span></li>"#,
+        r#"<li><code class="token">{}…</code>{who} <span class="left">{}</span></li>"#,
         html(holder.token_hint()),
         duration(holder.time_left())
     )
@@ -238,11 +242,32 @@ fn holder(holder: &Holder) -> String {
 
 /// One holder in words, as the confirmation of a forced release names it.
 pub(crate) fn holder_label(holder: &Holder) -> String {
+    let who = identity(holder).map_or_else(String::new, |who| format!(", {who}"));
     format!(
-        "token {}… ({} left)",
+        "token {}…{who} ({} left)",
         holder.token_hint(),
         duration(holder.time_left())
     )
+}
+
+/// Who holds it and since when (`billing (pid 4242) on web-3, for 3.2 s`), when its value says:
+/// `None` for a lock an older version took.
+pub(crate) fn identity(holder: &Holder) -> Option<String> {
+    let app = holder.app()?;
+    let mut who = app.to_owned();
+    if let Some(pid) = holder.pid() {
+        let _ = write!(who, " (pid {pid})");
+    }
+    if let Some(host) = holder.host() {
+        let _ = write!(who, " on {host}");
+    }
+    if let Some(held) = holder
+        .acquired_at()
+        .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
+    {
+        let _ = write!(who, ", for {}", duration(held));
+    }
+    Some(who)
 }
 
 fn kind(kind: LockKind) -> String {
