@@ -267,9 +267,11 @@ async fn forced_release_needs_the_pages_token_its_origin_and_the_confirmed_holde
     let row = row_of(&page.body, "orders:9");
     assert!(
         row.contains(&format!(
-            r#"data-holders="{hint}" data-holder-label="token {hint}… ("#
+            r#"data-holders="{hint}" data-holder-label="token {hint}…, {} (pid {}) on "#,
+            app_name(),
+            std::process::id()
         )),
-        "the confirmation names the holder: {row}"
+        "the confirmation names the holder, its application, process and host: {row}"
     );
     let release = |cookie: Option<&str>, holders: &str, csrf: &str| {
         send(
@@ -492,12 +494,15 @@ async fn the_live_view_streams_acquired_and_released() {
 
     let lease = client.acquire("orders:5", held(30)).await.unwrap();
     let acquired = next_event(&mut body).await;
-    assert_eq!(
-        acquired,
-        format!(
-            "event: acquired\ndata: {{\"holder\":\"{}\"}}\n\n",
-            &lease.token()[..4]
-        )
+    let expected = format!(
+        "event: acquired\ndata: {{\"holder\":\"{}\",\"who\":\"{} (pid {}) on ",
+        &lease.token()[..4],
+        app_name(),
+        std::process::id()
+    );
+    assert!(
+        acquired.starts_with(&expected),
+        "the acquired event names the holder and who it is: {acquired}"
     );
     lease.release().await.unwrap();
     assert_eq!(next_event(&mut body).await, "event: released\ndata: {}\n\n");
@@ -567,4 +572,13 @@ async fn links_work_wherever_the_page_is_mounted() {
         assert_eq!(script.status, StatusCode::OK, "{path}");
         assert!(script.body.contains("EventSource"));
     }
+}
+
+/// The application name a client takes by default: this test binary's name.
+fn app_name() -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.file_stem()
+        .and_then(|stem| stem.to_str())
+        .expect("a file name")
+        .to_owned()
 }

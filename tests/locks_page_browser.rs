@@ -273,7 +273,7 @@ async fn the_locks_page_in_chromium() {
     let followed = client.acquire("orders:2", held()).await.unwrap();
     let acquired = format!("acquired by {}…", hint(&followed));
     until_text(&browser, "#events li.acquired", |line| {
-        line.ends_with(&acquired)
+        line.contains(&acquired) && line.contains(&format!("(pid {})", std::process::id()))
     })
     .await;
     followed.release().await.unwrap();
@@ -282,7 +282,7 @@ async fn the_locks_page_in_chromium() {
     let followed = client.acquire("orders:2", held()).await.unwrap();
     let acquired = format!("acquired by {}…", hint(&followed));
     until_text(&browser, "#events li:first-child", |line| {
-        line.ends_with(&acquired)
+        line.contains(&acquired)
     })
     .await;
     until_text(&browser, &row("orders:2"), |_| true).await;
