@@ -87,7 +87,10 @@ impl Call {
             Kind::Read => options.read(),
             Kind::Permits(permits) => options.permits(permits),
         };
-        let options = options.hold_at_least(self.hold_at_least);
+        let options = match self.hold_at_least.is_zero() {
+            true => options,
+            false => options.hold_at_least(self.hold_at_least),
+        };
         match self.wait {
             Some(wait) => options.wait(wait),
             None => options,

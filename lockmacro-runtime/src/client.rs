@@ -217,7 +217,9 @@ impl LockClient {
     /// [`LockError::Busy`] when another owner holds the key (after `wait`, if set),
     /// [`LockError::Redis`] when Redis fails while acquiring (the work never ran),
     /// [`LockError::RenewalsExhausted`] or [`LockError::Lost`] when the work was cut short,
-    /// [`LockError::InvalidKey`] for an empty or over-long key.
+    /// [`LockError::InvalidKey`] for an empty or over-long key, [`LockError::InvalidOptions`]
+    /// for options a lock cannot be taken with (see [`LockOptions`]'s validation), both before
+    /// any I/O.
     ///
     /// # Panics
     /// When called on a tokio runtime built without timers or IO (tokio's own panic names the
@@ -245,6 +247,7 @@ impl LockClient {
         failed: impl FnOnce(&F::Output) -> bool,
     ) -> Result<F::Output, LockError> {
         let key = check_key(key.into())?;
+        options.validate()?;
         if let Some(held) = context::held(self.engine.id, &key) {
             return if held.grants(options.kind) {
                 Ok(work.await)
@@ -350,6 +353,7 @@ impl LockClient {
             let key = keys.swap_remove(0);
             return self.run_locked_judged(key, options, work, failed).await;
         }
+        options.validate()?;
         let held: Vec<_> = keys
             .iter()
             .map(|key| context::held(self.engine.id, key))

@@ -15,8 +15,11 @@ pub enum LockError {
     Busy {
         /// The Redis key of the lock.
         key: String,
-        /// How long the holder's lease had left when last seen, when known (a call that
-        /// waited learns it; a fail-fast `SET NX` does not): a fair `Retry-After`.
+        /// How long the holder's lease had left when last seen: a fair `Retry-After`. A call
+        /// that fails fast learns it too (its `SET NX` that found the key busy is followed by
+        /// a `PTTL`), as does each look of a waiting call; on Redlock, until a majority of the
+        /// masters would be free. `None` when it could not be read (the key has no expiry, so
+        /// it is no lock of ours, or the look failed).
         retry_after: Option<std::time::Duration>,
     },
 
@@ -84,8 +87,11 @@ pub enum LockError {
         reason: &'static str,
     },
 
-    /// The lock's options cannot be used: a zero `ttl` or `permits`, a wait given at run time
-    /// that is zero. Checked before any I/O; the work never ran.
+    /// The lock's options cannot be used: a `ttl` that is zero, shorter than
+    /// [`MIN_TTL`](crate::MIN_TTL) or longer than [`MAX_TTL`](crate::MAX_TTL), a zero `wait` or
+    /// `hold_at_least`, zero `permits` (see [`LockOptions`](crate::LockOptions)'s validation),
+    /// fencing on Redlock, a reader asking for its own key's write lock. Checked before any
+    /// I/O; the work never ran.
     #[error("invalid lock options: {message}")]
     InvalidOptions {
         /// What is wrong and how to fix it.

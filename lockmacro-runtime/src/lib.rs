@@ -100,7 +100,7 @@ pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL};
 pub use key::{MAX_KEY_LEN, MAX_KEYS};
 pub use lease::Lease;
 pub use lockmacro::redis_lock;
-pub use options::{LockKind, LockOptions};
+pub use options::{LockKind, LockOptions, MAX_TTL, MIN_TTL};
 #[cfg(feature = "test-util")]
 pub use store::memory::MemoryHooks;
 pub use store::protocol;

@@ -10,7 +10,7 @@ use super::{Engine, Waited, new_token, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
 use crate::metrics::{self, Prefix};
-use crate::options::{LockKind, LockOptions};
+use crate::options::LockOptions;
 use crate::right::ReleaseRight;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
@@ -56,7 +56,7 @@ impl Engine {
         options: &LockOptions,
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         rt::require(Driver::Time)?;
-        check(options)?;
+        options.validate()?;
         self.shut(&key)?;
         self.background.ensure_running();
         let (lease, waited) = self.acquire_or_wait(key, options).await?;
@@ -148,15 +148,5 @@ impl Engine {
             ttl.saturating_sub(clock::drift(ttl))
                 .max(Duration::from_millis(1)),
         )
-    }
-}
-
-/// Options that can only be refused at run time.
-pub(super) fn check(options: &LockOptions) -> Result<(), LockError> {
-    match options.kind {
-        LockKind::Permits(0) => Err(LockError::InvalidOptions {
-            message: "`permits` must be at least 1: a semaphore of no permits is never free".into(),
-        }),
-        _ => Ok(()),
     }
 }

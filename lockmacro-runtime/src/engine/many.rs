@@ -202,6 +202,7 @@ impl Engine {
 
 /// What a lock over several keys can be: exclusive, unfenced, not fair.
 fn check_many(options: &LockOptions) -> Result<(), LockError> {
+    options.validate()?;
     let refused = if options.kind != LockKind::Exclusive {
         "a lock over several keys is exclusive; `mode = read` and `permits` take one key"
     } else if options.fencing {

@@ -171,7 +171,7 @@ impl Engine {
     /// may have put there without either side learning it.
     pub(super) fn give_up_token(&self, key: &str, token: &str, options: &LockOptions) {
         // No work ran under it: deleted, whatever `hold_at_least` says.
-        let options = options.hold_at_least(Duration::ZERO);
+        let options = options.without_hold();
         let given_up = LeaseState::new(
             next_lease_id(),
             self.id,
