@@ -234,6 +234,11 @@ impl Engine {
         });
     }
 
+    /// The longest any one request waits for its reply.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
     pub(crate) fn held_leases(&self) -> usize {
         self.renewals.len()
     }

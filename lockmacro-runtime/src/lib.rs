@@ -95,7 +95,7 @@ pub use builder::LockClientBuilder;
 pub use client::LockClient;
 pub use context::LockContext;
 pub use default_client::{default_client, set_default_client};
-pub use error::LockError;
+pub use error::{LockError, LostReason};
 pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL};
 pub use key::{MAX_KEY_LEN, MAX_KEYS};
 pub use lease::Lease;

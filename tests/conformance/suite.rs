@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use lockmacro_runtime::{LockContext, LockError, LockOptions};
+use lockmacro_runtime::{LockContext, LockError, LockOptions, LostReason};
 use testkit::Deployment;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -237,7 +237,7 @@ pub async fn lost_when_the_key_is_replaced_and_the_new_owner_keeps_it(
         .expect("the holder hears of the loss at its next renewal")
         .unwrap();
     assert!(
-        matches!(outcome, Err(LockError::Lost { ref key }) if key == "pay:2"),
+        matches!(outcome, Err(LockError::Lost { ref key, reason: LostReason::Taken }) if key == "pay:2"),
         "{outcome:?}"
     );
     assert_eq!(deployment.holder("pay:2").await, Some(other_owner));
@@ -1082,6 +1082,37 @@ pub async fn force_release_wakes_the_waiter_and_the_holder_loses(deployment: &im
     assert!(locks.force_release("batch:2").await.unwrap());
     assert_eq!(locks.inspect("batch:2").await.unwrap(), None);
     drop(readers);
+}
+
+/// `Lost` says what was found: a key removed from under its holder is `Gone` (one another
+/// owner took is `Taken`: `lost_when_the_key_is_replaced_and_the_new_owner_keeps_it`), and the
+/// lost lease's release is `Ok(())` with nothing left to do.
+pub async fn lost_says_the_key_was_gone_when_it_was_removed(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let held = locks
+        .acquire("gone:1", opts(900).unlimited_renewals())
+        .await
+        .unwrap();
+    assert!(locks.force_release("gone:1").await.unwrap(), "it was held");
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(3),
+        held.run(std::future::pending::<()>()),
+    )
+    .await
+    .expect("the holder hears of the loss at its next renewal");
+    match outcome {
+        Err(
+            error @ LockError::Lost {
+                reason: LostReason::Gone,
+                ..
+            },
+        ) => {
+            assert!(error.to_string().contains("the key was gone"), "{error}");
+        }
+        other => panic!("expected Lost (gone), got {other:?}"),
+    }
+    held.release().await.expect("a lost lease's release is Ok");
+    assert_eq!(deployment.holder("gone:1").await, None);
 }
 
 /// `force_release` of a fair lock: the queue stays, and its waiters are served in order.

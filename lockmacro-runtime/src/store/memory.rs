@@ -23,6 +23,7 @@ use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, LeaseRef, ManyRequest, Page,
     ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
 };
+use crate::error::LostReason;
 use crate::options::LockKind;
 
 /// One store: clones share it.
@@ -494,8 +495,9 @@ impl Store for MemoryStore {
                         holders.insert(lease.token.to_owned(), now + lease.ttl);
                         Renewal::Extended
                     }
-                    // Gone or another owner's: never re-created.
-                    _ => Renewal::Lost,
+                    // Another owner's, or gone: never re-created.
+                    Some(Held::Exclusive { .. }) => Renewal::Lost(LostReason::Taken),
+                    _ => Renewal::Lost(LostReason::Gone),
                 })
                 .collect()
         })

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::clock::Backoff;
-use crate::error::LockError;
+use crate::error::{LockError, LostReason};
 use crate::options::LockKind;
 
 mod deployment;
@@ -324,8 +324,8 @@ impl OwnedLease {
 pub(crate) enum Renewal {
     /// Still ours; the lease runs a new ttl from the attempt's send time.
     Extended,
-    /// Gone or held by another token (or replaced by a value of another type).
-    Lost,
+    /// Gone, or held by another token (or replaced by a value of another type): which.
+    Lost(LostReason),
     /// No answer: unknown; retried before the lease's deadline.
     Failed(StoreError),
 }

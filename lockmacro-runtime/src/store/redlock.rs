@@ -38,7 +38,7 @@ use super::{
     OwnedLease, ReleaseFeed, Released, Renewal, Settings, Store, StoreError,
 };
 use crate::clock::{self, Backoff};
-use crate::error::LockError;
+use crate::error::{LockError, LostReason};
 use crate::sync::lock;
 
 /// A Redlock quorum.
@@ -234,7 +234,7 @@ impl Store for RedlockStore {
                         .filter_map(|answers| answers.get(i))
                         .fold((0, 0), |(extended, lost), outcome| match outcome {
                             Renewal::Extended => (extended + 1, lost),
-                            Renewal::Lost => (extended, lost + 1),
+                            Renewal::Lost(_) => (extended, lost + 1),
                             Renewal::Failed(_) => (extended, lost),
                         });
                     extended >= quorum || lost >= quorum
@@ -258,17 +258,24 @@ impl Store for RedlockStore {
                 .map(|i| {
                     let outcomes = per_master.iter().filter_map(|answers| answers.get(i));
                     let (mut extended, mut lost, mut failure) = (0, 0, None);
+                    // Taken when any master of the majority that lost it names another owner.
+                    let mut reason = LostReason::Gone;
                     for outcome in outcomes {
                         match outcome {
                             Renewal::Extended => extended += 1,
-                            Renewal::Lost => lost += 1,
+                            Renewal::Lost(found) => {
+                                lost += 1;
+                                if *found == LostReason::Taken {
+                                    reason = LostReason::Taken;
+                                }
+                            }
                             Renewal::Failed(error) => failure = Some(error.clone()),
                         }
                     }
                     if extended >= quorum {
                         Renewal::Extended
                     } else if lost >= quorum {
-                        Renewal::Lost
+                        Renewal::Lost(reason)
                     } else {
                         Renewal::Failed(failure.unwrap_or(StoreError::NoQuorum {
                             answered: extended.max(lost),

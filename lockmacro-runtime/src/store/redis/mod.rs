@@ -23,7 +23,7 @@ use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, HandOver, HandsOver, LeaseRef, ManyRequest,
     OwnedLease, ReleaseFeed, Renewal, Settings, Store, StoreError, TimedOut, release_until_settled,
 };
-use crate::error::LockError;
+use crate::error::{LockError, LostReason};
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
@@ -577,7 +577,8 @@ impl<T: Transport> RedisStore<T> {
                 .into_iter()
                 .map(|one| match one {
                     1 => Renewal::Extended,
-                    _ => Renewal::Lost,
+                    2 => Renewal::Lost(LostReason::Taken),
+                    _ => Renewal::Lost(LostReason::Gone),
                 })
                 .collect(),
             Ok(_) => {
