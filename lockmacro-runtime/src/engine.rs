@@ -23,7 +23,7 @@ use crate::renewal::RenewalQueue;
 use crate::right::{Keeper, ReleaseRight};
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
-use crate::store::{Store, release_until_settled};
+use crate::store::{Store, release_before, release_until_settled};
 use crate::waiters::WaitQueue;
 
 pub(crate) struct Engine {
@@ -144,12 +144,16 @@ impl Engine {
             leases = rights.len(),
             "lock client shutting down; releasing every lease"
         );
-        let releases = rights.iter().map(|right| async {
+        // Each release is sent again until it is confirmed or the shutdown timeout runs out: a
+        // Redis that stalls at shutdown and comes back within it still gets every release.
+        let give_up = tokio::time::Instant::now() + self.shutdown_timeout;
+        let releases = rights.iter().map(|right| async move {
             let lease = right.lease();
             if lease.holds_on() {
                 lease.extension_settled().await;
             }
-            self.store.release(lease.lease_ref()).await
+            let store = self.store.as_ref();
+            metrics::timed("release", release_before(store, lease.lease_ref(), give_up)).await
         });
         let outcomes = tokio::time::timeout(
             self.shutdown_timeout,
@@ -158,12 +162,18 @@ impl Engine {
         .await;
         let total = rights.len();
         let mut failed = 0;
+        let mut last_error = None;
         for (i, right) in rights.into_iter().enumerate() {
             match &outcomes {
                 Ok(outcomes) if outcomes[i].is_ok() => right.disarm(),
                 // Dropped unconfirmed: retried in the background.
                 _ => {
                     failed += 1;
+                    if let Ok(outcomes) = &outcomes
+                        && let Err(error) = &outcomes[i]
+                    {
+                        last_error = Some(error.to_string());
+                    }
                     drop(right);
                 }
             }
@@ -171,11 +181,13 @@ impl Engine {
         if failed == 0 {
             return Ok(());
         }
+        let last_error = last_error.unwrap_or_else(|| "no answer".to_owned());
         Err(LockError::Redis {
             key: None,
             source: format!(
-                "{failed} of {total} releases not confirmed within the shutdown timeout of {:?}; \
-                 they are retried in the background and expire with their leases at the latest",
+                "{failed} of {total} releases not confirmed within the shutdown timeout of {:?} \
+                 (last: {last_error}); they are retried in the background and expire with their \
+                 leases at the latest",
                 self.shutdown_timeout
             )
             .into(),

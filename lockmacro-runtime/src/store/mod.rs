@@ -428,20 +428,36 @@ impl Error for Shared {
 pub(crate) async fn release_until_settled(store: &dyn Store, lease: LeaseRef<'_>) -> Option<bool> {
     // A release that keeps the key (`hold_at_least`) is still worth sending while the hold runs.
     let give_up = tokio::time::Instant::now() + lease.ttl.max(lease.kept_for().unwrap_or_default());
+    match release_before(store, lease, give_up).await {
+        Ok(deleted) => {
+            tracing::debug!(key = %lease.key, deleted, "lock released in the background");
+            Some(deleted)
+        }
+        Err(error) => {
+            tracing::warn!(key = %lease.key, error = %error, "background release gave up; the key expires with its lease");
+            None
+        }
+    }
+}
+
+/// Sends a compare-and-delete, again with backoff after each failure, until the store answers
+/// it: whether our lease was removed. The last failure once no attempt is left before
+/// `give_up` (an attempt in flight then still runs to its response timeout).
+pub(crate) async fn release_before(
+    store: &dyn Store,
+    lease: LeaseRef<'_>,
+    give_up: tokio::time::Instant,
+) -> Result<bool, StoreError> {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     loop {
         match store.release(lease).await {
-            Ok(deleted) => {
-                tracing::debug!(key = %lease.key, deleted, "lock released in the background");
-                return Some(deleted);
-            }
+            Ok(deleted) => return Ok(deleted),
             Err(error) => {
                 let pause = backoff.next_delay();
                 if tokio::time::Instant::now() + pause >= give_up {
-                    tracing::warn!(key = %lease.key, error = %error, "background release gave up; the key expires with its lease");
-                    return None;
+                    return Err(error);
                 }
-                tracing::debug!(key = %lease.key, error = %error, retry_in = ?pause, "background release failed; retrying");
+                tracing::debug!(key = %lease.key, error = %error, retry_in = ?pause, "lock release failed; retrying");
                 tokio::time::sleep(pause).await;
             }
         }
