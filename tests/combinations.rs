@@ -78,6 +78,7 @@ impl Call {
 
     fn options(&self) -> LockOptions {
         let options = LockOptions::new()
+            .label("combinations")
             .ttl(TTL)
             .unlimited_renewals()
             .fencing(self.fencing)

@@ -106,14 +106,17 @@ impl Engine {
     /// Sends an acquire in its turn (see [`REQUESTS_IN_FLIGHT`]): its reply, and when it went
     /// on the wire (nanos). A lease's time counts from then: time spent queued in the client is
     /// not the lease's.
-    async fn acquire_in_turn<T>(&self, request: impl Future<Output = T>) -> (T, u64) {
+    async fn acquire_in_turn<T: metrics::Answer>(
+        &self,
+        request: impl Future<Output = T>,
+    ) -> (T, u64) {
         let _turn = self.in_flight.take().await;
         let sent_at = clock::now();
         (metrics::timed("acquire", request).await, sent_at)
     }
 
     /// Sends a release in its turn (see [`REQUESTS_IN_FLIGHT`]).
-    async fn release_in_turn<T>(&self, request: impl Future<Output = T>) -> T {
+    async fn release_in_turn<T: metrics::Answer>(&self, request: impl Future<Output = T>) -> T {
         let _turn = self.in_flight.take().await;
         metrics::timed("release", request).await
     }
@@ -152,8 +155,7 @@ impl Engine {
             if lease.holds_on() {
                 lease.extension_settled().await;
             }
-            let store = self.store.as_ref();
-            metrics::timed("release", release_before(store, lease.lease_ref(), give_up)).await
+            release_before(self.store.as_ref(), lease.lease_ref(), give_up).await
         });
         let outcomes = tokio::time::timeout(
             self.shutdown_timeout,

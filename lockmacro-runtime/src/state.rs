@@ -79,7 +79,7 @@ impl LeaseState {
         fencing_token: Option<u64>,
         sent_at: u64,
     ) -> Self {
-        let prefix = Prefix::of(options.label, &key);
+        let prefix = Prefix::of(options.label);
         Self {
             id,
             engine_id,

@@ -30,7 +30,7 @@ impl Engine {
         key: String,
         options: &LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        let prefix = Prefix::of(options.label, &key);
+        let prefix = Prefix::of(options.label);
         // Read only for a wait's metrics: a clock read is not free.
         let started = options.wait.map(|_| Instant::now());
         let taken = self.take(key, options).await;

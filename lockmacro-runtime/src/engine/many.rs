@@ -36,7 +36,7 @@ impl Engine {
         keys: Vec<String>,
         options: &LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        let prefix = Prefix::of(options.label, &keys[0]);
+        let prefix = Prefix::of(options.label);
         let started = Instant::now();
         let taken = self.take_many(keys, options).await;
         let outcome = match &taken {
@@ -168,7 +168,7 @@ impl Engine {
                 // Another key keeps it out now: listen on that one's releases.
                 ticket = None;
                 tracing::debug!(key = %busy, "one of the locks is busy; waiting");
-                let prefix = Prefix::of(options.label, busy);
+                let prefix = Prefix::of(options.label);
                 let joined = ticket.insert(self.waits.join(busy, true, prefix));
                 let heard = tokio::select! {
                     heard = joined.subscribed(left) => heard,

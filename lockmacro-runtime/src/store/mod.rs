@@ -17,6 +17,7 @@ use tokio::runtime::Handle;
 
 use crate::clock::Backoff;
 use crate::error::{LockError, LostReason};
+use crate::metrics;
 use crate::options::LockKind;
 
 mod deployment;
@@ -379,6 +380,36 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// What the metrics count it as: nothing for a caller that could not use the deployment.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn failure(&self) -> Option<metrics::Failure> {
+        match self {
+            Self::Unavailable(_) => Some(metrics::Failure::Redis),
+            Self::NoQuorum { .. } => Some(metrics::Failure::NoQuorum),
+            Self::Unusable(_) => None,
+        }
+    }
+}
+
+impl<T> metrics::Answer for Result<T, StoreError> {
+    fn failure(&self) -> Option<metrics::Failure> {
+        self.as_ref().err().and_then(StoreError::failure)
+    }
+}
+
+/// A renewal batch failed when any of its leases got no answer.
+impl metrics::Answer for Vec<Renewal> {
+    fn failure(&self) -> Option<metrics::Failure> {
+        self.iter()
+            .filter_map(|renewal| match renewal {
+                Renewal::Failed(error) => error.failure(),
+                _ => None,
+            })
+            .max_by_key(|failure| *failure == metrics::Failure::NoQuorum)
+    }
+}
+
 impl From<LockError> for StoreError {
     fn from(error: LockError) -> Self {
         Self::Unusable(Arc::new(error))
@@ -450,7 +481,7 @@ pub(crate) async fn release_before(
 ) -> Result<bool, StoreError> {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     loop {
-        match store.release(lease).await {
+        match metrics::timed("release", store.release(lease)).await {
             Ok(deleted) => return Ok(deleted),
             Err(error) => {
                 let pause = backoff.next_delay();

@@ -39,6 +39,7 @@ use super::{
 };
 use crate::clock::{self, Backoff};
 use crate::error::{LockError, LostReason};
+use crate::metrics;
 use crate::sync::lock;
 
 /// A Redlock quorum.
@@ -130,6 +131,10 @@ impl RedlockStore {
             .filter(|left| !left.is_zero());
         if taken >= quorum && validity.is_some() {
             return Ok(AcquiredMany::Taken);
+        }
+        if taken > 0 && !busy.is_empty() {
+            // Split with another attempt: some masters ours, others busy, no majority ours.
+            metrics::redlock_split();
         }
         // Not ours: undo wherever it was taken (or may have been), before answering.
         if taken > 0 || busy.len() + taken < self.masters.len() {
