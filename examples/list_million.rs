@@ -11,7 +11,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use lockmacro_runtime::LockClient;
 use testkit::RedisServer;
 

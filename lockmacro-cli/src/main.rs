@@ -11,7 +11,6 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use futures_util::StreamExt;
 use lockmacro_runtime::{LockClient, LockError, LockEvent, LockInfo, LockKind};
 use serde_json::json;
 

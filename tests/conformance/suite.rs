@@ -905,7 +905,6 @@ pub async fn fenced_waiters_of_one_client_follow_each_other_at_once(deployment: 
 async fn next_event(
     events: &mut lockmacro_runtime::LockStream<lockmacro_runtime::LockEvent>,
 ) -> lockmacro_runtime::LockEvent {
-    use futures_util::StreamExt;
     tokio::time::timeout(Duration::from_secs(10), events.next())
         .await
         .expect("an event within 10 s")
@@ -992,7 +991,6 @@ pub async fn inspect_shows_holders_time_left_fencing_and_waiters(deployment: &im
 
 /// `list`: every lock under a prefix, each once, never an internal key.
 pub async fn list_shows_every_lock_under_a_prefix_once(deployment: &impl Deployment) {
-    use futures_util::TryStreamExt;
     let locks = deployment.client().await;
     let fencing = deployment.offers_fencing();
     let mut held = Vec::new();
@@ -1237,7 +1235,6 @@ pub async fn watch_reports_every_holder_and_release(deployment: &impl Deployment
 /// Issue 28's regression: `watch` reports every hold that ends in a release, even one that
 /// begins and ends between two of its looks with nobody waiting for the key.
 pub async fn watch_sees_holds_shorter_than_its_poll(deployment: &impl Deployment) {
-    use futures_util::StreamExt;
     use lockmacro_runtime::LockEvent;
     let locks = deployment.client().await;
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
