@@ -251,7 +251,9 @@ impl LockClient {
     /// Every lock whose key starts with `prefix:` (`""`: every lock), never one of the
     /// library's internal keys. Scans incrementally (`SCAN … COUNT 1000`, on every master of a
     /// Cluster, on each Redlock master with each lock listed once, as the quorum sees it): one
-    /// page of keys is in memory at a time, so a million keys never are. Locks are in no
+    /// page of keys is in memory at a time, so a million keys never are. Each page's keys are
+    /// sorted out with pipelined plain reads (`GETRANGE`, and `HGET` of a hash's `kind`), so a
+    /// key that is no lock costs Redis no script; each lock costs one look. Locks are in no
     /// particular order; one taken or released during the scan may or may not be listed.
     ///
     /// ```no_run

@@ -206,7 +206,7 @@ impl Transport for Cluster {
     fn on_master<'a>(
         &'a self,
         master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<Value, StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection().await?;
@@ -214,9 +214,19 @@ impl Transport for Cluster {
                 .rsplit_once(':')
                 .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
                 .ok_or_else(|| StoreError::unavailable(format!("no node at `{master}`")))?;
-            let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-            let reply = connection.route_command(cmd.clone(), node);
-            bounded(self.settings.response_timeout, reply).await
+            let node = SingleNodeRoutingInfo::ByAddress { host, port };
+            let budget = self.settings.response_timeout;
+            match request {
+                Request::Cmd(cmd) => {
+                    let reply =
+                        connection.route_command(cmd.clone(), RoutingInfo::SingleNode(node));
+                    bounded(budget, reply).await
+                }
+                Request::Pipeline(pipe) => {
+                    let replies = connection.route_pipeline(pipe.clone(), 0, pipe.len(), node);
+                    bounded(budget, replies).await.map(Value::Array)
+                }
+            }
         })
     }
 }

@@ -78,11 +78,13 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// single empty name).
     fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
 
-    /// `cmd` (a `SCAN` page, an `INFO`) on the master `master`.
+    /// `request` (a `SCAN` page, an `INFO`, a pipeline of reads of keys it holds) on the master
+    /// `master`; a pipeline's replies come as one array, an error reply in it as a
+    /// [`redis::Value::ServerError`] in its place.
     fn on_master<'a>(
         &'a self,
         master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<redis::Value, StoreError>>;
 }
 
@@ -727,9 +729,9 @@ impl<T: Transport> Commands for RedisStore<T> {
     fn on_master<'a>(
         &'a self,
         master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
-        self.transport.on_master(master, cmd)
+        self.transport.on_master(master, request)
     }
 }
 

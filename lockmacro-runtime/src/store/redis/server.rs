@@ -221,12 +221,12 @@ impl Transport for Server {
     fn on_master<'a>(
         &'a self,
         _master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection().await?;
             let budget = self.settings.response_timeout;
-            self.send_once(&mut connection, Request::Cmd(cmd), budget)
+            self.send_once(&mut connection, request, budget)
                 .await
                 .map_err(SendError::into_store_error)
         })
