@@ -424,11 +424,8 @@ async fn refuse_a_cluster_node(commands: &dyn Commands) -> Result<(), StoreError
     let reply = commands.on_master("", Request::Cmd(&info)).await?;
     let clustered = text(reply).is_some_and(|info| info.contains("cluster_enabled:1"));
     if clustered {
-        return Err(StoreError::from(crate::error::LockError::Config {
-            message: "this server is a Redis Cluster node: list a cluster's locks through \
-                      `LockClient::cluster_builder` (the command line's `--cluster`)"
-                .to_owned(),
-        }));
+        let found = "listing it would show only its own share of the locks";
+        return Err(StoreError::from(super::redis::a_cluster_node(&found)));
     }
     Ok(())
 }

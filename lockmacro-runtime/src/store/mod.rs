@@ -540,6 +540,58 @@ impl Unreachable {
     }
 }
 
+/// A connection that the server at `server` answered, but refused or could not be understood
+/// on: each says what to check. Made by [`Unreachable::connecting`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error(
+        "authentication to {server} failed: it refused the user and password of the URL ({reason}); \
+         check them (`redis://user:password@host:port`, or `redis://:password@host:port` for the \
+         default user)"
+    )]
+    WrongPassword { server: String, reason: String },
+    #[error(
+        "{server} requires a password (NOAUTH: authentication required) and the URL gives none: \
+         add it, `redis://:password@host:port`, or `redis://user:password@host:port` for an ACL user"
+    )]
+    NoPassword { server: String },
+    #[error(
+        "{server} does not speak RESP, the protocol of Redis: its answer could not be read \
+         ({first_line}); is this the port of a Redis or Valkey server?"
+    )]
+    NotRedis { server: String, first_line: String },
+}
+
+impl Unreachable {
+    /// The error of a connection to `server` that failed with `err`: refused credentials, a
+    /// missing password and a peer that does not speak RESP say so (they are no network
+    /// failure); anything else is [`Unreachable`], `tls` telling that the connection used TLS.
+    pub(crate) fn connecting(
+        server: impl fmt::Display,
+        tls: bool,
+        err: ::redis::RedisError,
+    ) -> StoreError {
+        let server = server.to_string();
+        let text = err.to_string();
+        let refused = if err.kind() == ::redis::ErrorKind::AuthenticationFailed
+            || err.code() == Some("WRONGPASS")
+        {
+            Refused::WrongPassword {
+                server,
+                reason: text,
+            }
+        } else if err.code() == Some("NOAUTH") || text.contains("NOAUTH") {
+            Refused::NoPassword { server }
+        } else if matches!(err.kind(), ::redis::ErrorKind::Parse) {
+            let first_line = text.lines().next().unwrap_or_default().to_owned();
+            Refused::NotRedis { server, first_line }
+        } else {
+            return Self::error(server, tls && err.is_timeout(), err);
+        };
+        StoreError::unavailable(refused)
+    }
+}
+
 /// A call that got no answer within its budget.
 #[derive(Debug, thiserror::Error)]
 #[error("no answer within {0:?}")]

@@ -113,10 +113,7 @@ impl Transport for Cluster {
                              for one Redis ({err})"
                         )))
                     }
-                    Ok(Err(err)) => {
-                        let unanswered = self.tls && err.is_timeout();
-                        Err(Unreachable::error(server, unanswered, err))
-                    }
+                    Ok(Err(err)) => Err(Unreachable::connecting(server, self.tls, err)),
                     Err(_) => Err(Unreachable::error(server, self.tls, TimedOut(budget))),
                 }
             })

@@ -175,14 +175,23 @@ impl SendError {
                     ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::CrossSlot)
                 ) =>
             {
-                StoreError::unavailable(format!(
-                    "{err} (this server is a Redis Cluster node: build the client with \
-                     `LockClient::cluster_builder([\"redis://node:port\", ...])`, not `builder`)"
-                ))
+                StoreError::from(a_cluster_node(&err))
             }
             Self::Answered(err) => StoreError::unavailable(err),
             Self::Unknown(error) => error,
         }
+    }
+}
+
+/// The error of a client for one server that reached a Redis Cluster node: it would see only
+/// that node's share of the keys, and fail on the others. `found` says how it showed.
+pub(crate) fn a_cluster_node(found: &dyn std::fmt::Display) -> LockError {
+    LockError::Config {
+        message: format!(
+            "this server is a Redis Cluster node ({found}): build the client with \
+             `LockClient::cluster_builder([\"redis://node:port\", ...])`, not `builder` \
+             (on the command line: `--cluster`)"
+        ),
     }
 }
 
@@ -694,6 +703,23 @@ impl<T: Transport> Store for RedisStore<T> {
                 .send_once::<redis::Value>(&mut connection, Request::Cmd(&ping), budget)
                 .await
                 .map_err(SendError::into_store_error)?;
+            if T::LAYOUT == Layout::Server {
+                // A cluster node taken for one server is refused here, at build, rather than
+                // failing key by key. A server that refuses `INFO` (an ACL) is taken as it is.
+                let mut info = redis::cmd("INFO");
+                info.arg("cluster");
+                let found = self
+                    .transport
+                    .send_once::<String>(&mut connection, Request::Cmd(&info), budget)
+                    .await;
+                match found {
+                    Ok(info) if info.contains("cluster_enabled:1") => {
+                        return Err(a_cluster_node(&"INFO says `cluster_enabled:1`").into());
+                    }
+                    Err(SendError::Unknown(error)) => return Err(error),
+                    _ => {}
+                }
+            }
             Ok(())
         })
     }

@@ -36,6 +36,14 @@ impl Source {
         }
     }
 
+    /// How the server at `address` is named in messages.
+    pub(crate) fn named(&self, address: &redis::ConnectionAddr) -> String {
+        match self {
+            Self::Direct(_) => address.to_string(),
+            Self::Sentinel(sentinel) => sentinel.master_named(address),
+        }
+    }
+
     /// The master we knew may be gone or demoted: ask the sentinels again next time.
     fn forget_master(&self) {
         if let Self::Sentinel(sentinel) = self {
@@ -139,8 +147,9 @@ impl Transport for Server {
         self.connections
             .lend(|| async {
                 let master = self.source.master().await?;
-                let server = master.get_connection_info().addr().clone();
-                let tls = matches!(server, redis::ConnectionAddr::TcpTls { .. });
+                let address = master.get_connection_info().addr().clone();
+                let tls = matches!(address, redis::ConnectionAddr::TcpTls { .. });
+                let server = self.source.named(&address);
                 let budget = self.settings.connect_timeout;
                 let open = async {
                     let mut connection = master
@@ -151,8 +160,8 @@ impl Transport for Server {
                 };
                 match tokio::time::timeout(budget, open).await {
                     Ok(Ok(connection)) => Ok(connection),
-                    Ok(Err(err)) => Err(Unreachable::error(&server, tls && err.is_timeout(), err)),
-                    Err(_) => Err(Unreachable::error(&server, tls, TimedOut(budget))),
+                    Ok(Err(err)) => Err(Unreachable::connecting(server, tls, err)),
+                    Err(_) => Err(Unreachable::error(server, tls, TimedOut(budget))),
                 }
             })
             .await
