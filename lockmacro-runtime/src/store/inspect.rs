@@ -396,21 +396,59 @@ async fn scan_keys(
     Ok((node, keys, next))
 }
 
-/// The masters that serve slots, as `host:port`, from a `CLUSTER NODES` reply.
-pub(crate) fn cluster_masters(nodes: &str) -> Vec<String> {
-    let mut masters: Vec<String> = nodes
+/// One line of a `CLUSTER NODES` reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClusterNode {
+    /// `host:port`.
+    pub(crate) address: String,
+    pub(crate) master: bool,
+    /// Flagged `fail` or `noaddr`.
+    pub(crate) failed: bool,
+    /// How many slots it serves.
+    pub(crate) slots: usize,
+}
+
+/// Every node of a `CLUSTER NODES` reply.
+pub(crate) fn cluster_nodes(nodes: &str) -> Vec<ClusterNode> {
+    nodes
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let flags = fields.get(2)?;
-            let serves_slots = fields.len() > 8;
-            let master = flags.split(',').any(|flag| flag == "master")
-                && !flags
-                    .split(',')
-                    .any(|flag| flag == "fail" || flag == "noaddr");
-            let address = fields.get(1)?.split(['@', ',']).next()?;
-            (master && serves_slots).then(|| address.to_owned())
+            let flags: Vec<&str> = fields.get(2)?.split(',').collect();
+            let address = fields.get(1)?.split(['@', ',']).next()?.to_owned();
+            let slots = fields
+                .iter()
+                .skip(8)
+                .filter(|range| !range.starts_with('['))
+                .map(|range| match range.split_once('-') {
+                    Some((first, last)) => {
+                        let (first, last) = (first.parse::<usize>(), last.parse::<usize>());
+                        match (first, last) {
+                            (Ok(first), Ok(last)) if last >= first => last - first + 1,
+                            _ => 0usize,
+                        }
+                    }
+                    None => usize::from(range.parse::<u16>().is_ok()),
+                })
+                .sum();
+            Some(ClusterNode {
+                address,
+                master: flags.contains(&"master"),
+                failed: flags
+                    .iter()
+                    .any(|flag| *flag == "fail" || *flag == "noaddr"),
+                slots,
+            })
         })
+        .collect()
+}
+
+/// The masters that serve slots, as `host:port`, from a `CLUSTER NODES` reply.
+pub(crate) fn cluster_masters(nodes: &str) -> Vec<String> {
+    let mut masters: Vec<String> = cluster_nodes(nodes)
+        .into_iter()
+        .filter(|node| node.master && !node.failed && node.slots > 0)
+        .map(|node| node.address)
         .collect();
     masters.sort();
     masters
@@ -642,6 +680,11 @@ d 127.0.0.1:7004@17004 master,fail - 0 0 3 disconnected 10923-16383
 e 127.0.0.1:7005@17005 master - 0 0 4 connected
 ";
         assert_eq!(cluster_masters(nodes), ["127.0.0.1:7001", "127.0.0.1:7002"]);
+        let all = cluster_nodes(nodes);
+        assert_eq!(all.len(), 5);
+        assert_eq!(all[0].slots, 5461);
+        assert_eq!(all[2].address, "127.0.0.1:7003");
+        assert!(!all[2].master && all[3].failed);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use super::{
     ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
 };
 use crate::error::LostReason;
+use crate::health::{Health, NodeHealth, NodeRole};
 use crate::options::LockKind;
 
 /// One store: clones share it.
@@ -391,6 +392,22 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn health(&self) -> BoxFuture<'_, Health> {
+        Box::pin(async move {
+            let node = match self.injected_failure() {
+                Ok(()) => NodeHealth::answered("in memory", NodeRole::Server, Duration::ZERO),
+                Err(error) => NodeHealth::silent("in memory", NodeRole::Server, error),
+            };
+            let ready = node.answers();
+            let verdict = if ready {
+                "the store answers"
+            } else {
+                "the store fails (injected)"
+            };
+            Health::new("in memory", ready, verdict, vec![node])
+        })
+    }
+
     fn acquire<'a>(
         &'a self,
         request: AcquireRequest<'a>,

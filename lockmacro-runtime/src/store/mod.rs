@@ -17,6 +17,7 @@ use tokio::runtime::Handle;
 
 use crate::clock::Backoff;
 use crate::error::{LockError, LostReason};
+use crate::health::Health;
 use crate::metrics;
 use crate::options::LockKind;
 
@@ -108,6 +109,9 @@ pub(crate) trait Store: Send + Sync + 'static {
 
     /// Removes every holder of `key` and announces it: `true` when there was one.
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Every server asked with a `PING`, bounded by the connect and response timeouts.
+    fn health(&self) -> BoxFuture<'_, Health>;
 }
 
 /// Release announcements for the keys being waited for.

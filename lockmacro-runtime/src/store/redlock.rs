@@ -39,6 +39,7 @@ use super::{
 };
 use crate::clock::{self, Backoff};
 use crate::error::{LockError, LostReason};
+use crate::health::{Health, NodeRole};
 use crate::metrics;
 use crate::sync::lock;
 
@@ -383,6 +384,26 @@ impl Store for RedlockStore {
 
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(inspect::quorum_force_release(&self.masters, key))
+    }
+
+    fn health(&self) -> BoxFuture<'_, Health> {
+        Box::pin(async move {
+            let nodes = join_all(
+                self.masters
+                    .iter()
+                    .map(|master| master.node_health(NodeRole::Master)),
+            )
+            .await;
+            let (answering, quorum) = (
+                nodes.iter().filter(|node| node.answers()).count(),
+                self.quorum(),
+            );
+            let verdict = format!(
+                "{answering} of {} masters answer ({quorum} needed)",
+                nodes.len()
+            );
+            Health::new("redlock", answering >= quorum, verdict, nodes)
+        })
     }
 
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -30,9 +30,13 @@ use tokio::sync::mpsc;
 
 use super::connections::PerRuntime;
 use super::{Layout, RedisStore, Request, SendError, Transport, bounded, unanswered};
+use crate::health::{Health, NodeHealth, NodeRole};
 use crate::store::protocol::Names;
 use crate::store::scripts;
 use crate::store::{BoxFuture, ReleaseFeed, Released, Settings, StoreError, TimedOut, Unreachable};
+
+/// How many slots a cluster has.
+const SLOTS: usize = 16_384;
 
 /// A Redis Cluster.
 pub(crate) struct Cluster {
@@ -185,6 +189,93 @@ impl Transport for Cluster {
                 watched: HashMap::new(),
                 response_timeout: self.settings.response_timeout,
             }) as Box<dyn ReleaseFeed>)
+        })
+    }
+
+    /// Every node `CLUSTER NODES` names (asked of any node that answers), each asked with a
+    /// `PING`: ready when every slot is served by a master that answers.
+    fn health(&self) -> BoxFuture<'_, Health> {
+        Box::pin(async move {
+            let nodes = async {
+                let mut connection = self.connection().await?;
+                let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                let nodes = redis::cmd("CLUSTER").arg("NODES").clone();
+                let nodes = bounded(
+                    self.settings.response_timeout,
+                    connection.route_command(nodes, any),
+                );
+                let nodes: String =
+                    redis::from_redis_value(nodes.await?).map_err(StoreError::unavailable)?;
+                Ok::<_, StoreError>(crate::store::inspect::cluster_nodes(&nodes))
+            };
+            let bound = self.settings.connect_timeout + self.settings.response_timeout;
+            let nodes = match tokio::time::timeout(bound, nodes).await {
+                Ok(Ok(nodes)) => nodes,
+                failed => {
+                    let error = match failed {
+                        Ok(Err(error)) => error.to_string(),
+                        _ => TimedOut(bound).to_string(),
+                    };
+                    let seeds = NodeHealth::silent(self.seeds.clone(), NodeRole::Master, error);
+                    return Health::new(
+                        "cluster",
+                        false,
+                        "no node answers `CLUSTER NODES`",
+                        vec![seeds],
+                    );
+                }
+            };
+            let ping = redis::cmd("PING");
+            let asked = nodes.iter().map(|node| {
+                let ping = &ping;
+                async move {
+                    let role = if node.master {
+                        NodeRole::Master
+                    } else {
+                        NodeRole::Replica
+                    };
+                    let started = tokio::time::Instant::now();
+                    let health = match self.on_master(&node.address, Request::Cmd(ping)).await {
+                        Ok(_) => NodeHealth::answered(&node.address, role, started.elapsed()),
+                        Err(error) => NodeHealth::silent(&node.address, role, error),
+                    };
+                    match node.master {
+                        true => health.serving(node.slots),
+                        false => health,
+                    }
+                }
+            });
+            let mut asked = futures_util::future::join_all(asked).await;
+            asked.sort_by(|a, b| {
+                (a.role() != NodeRole::Master, a.address())
+                    .cmp(&(b.role() != NodeRole::Master, b.address()))
+            });
+            let served: usize = asked
+                .iter()
+                .filter(|node| node.answers())
+                .filter_map(NodeHealth::slots)
+                .sum();
+            let masters = asked
+                .iter()
+                .filter(|node| {
+                    node.role() == NodeRole::Master && node.slots().is_some_and(|slots| slots > 0)
+                })
+                .count();
+            let (ready, verdict) = if served >= SLOTS {
+                (
+                    true,
+                    format!("every slot's master answers ({masters} masters)"),
+                )
+            } else {
+                (
+                    false,
+                    format!(
+                        "{} of {SLOTS} slots have no master that answers",
+                        SLOTS - served.min(SLOTS)
+                    ),
+                )
+            };
+            Health::new("cluster", ready, verdict, asked)
         })
     }
 

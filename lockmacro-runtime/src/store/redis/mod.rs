@@ -24,6 +24,7 @@ use super::{
     OwnedLease, ReleaseFeed, Renewal, Settings, Store, StoreError, TimedOut, release_until_settled,
 };
 use crate::error::{LockError, LostReason};
+use crate::health::Health;
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
@@ -73,6 +74,9 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
 
     /// A subscription to release announcements, as the deployment announces them.
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
+
+    /// Every server of the deployment asked with a `PING`, bounded by the timeouts.
+    fn health(&self) -> BoxFuture<'_, Health>;
 
     /// The masters to scan, as addresses [`on_master`](Self::on_master) takes (one server: a
     /// single empty name).
@@ -691,6 +695,10 @@ impl<T: Transport> Store for RedisStore<T> {
 
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(inspect::force_release(self, key))
+    }
+
+    fn health(&self) -> BoxFuture<'_, Health> {
+        self.transport.health()
     }
 
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
