@@ -153,7 +153,8 @@ impl Lease {
     ///
     /// A lease that was lost (the key found gone or another's, or its deadline passed with no
     /// renewal confirmed) has nothing of ours left to wait for: `Ok(())` at once, and a lease
-    /// past its deadline is still released in the background, in case the key is ours.
+    /// past its deadline is still released in the background, in case the key is ours. A lease
+    /// whose renewals ran out is released as any other, so the next caller finds the key free.
     ///
     /// # Errors
     /// [`LockError::Redis`] when Redis answered with an error or not at all within the
@@ -170,16 +171,17 @@ impl Lease {
         let Some(right) = ReleaseRight::claim(state, &self.engine) else {
             return Ok(());
         };
-        let left = state.time_left();
-        if left.is_zero() {
-            // Past its deadline (Redis answered no renewal in time): released in the background.
+        if state.unconfirmed() {
+            // Lost at its deadline, Redis having confirmed no renewal in time: released in the
+            // background, the caller not held up by a Redis that does not answer.
             drop(right);
             return Ok(());
         }
         // The right travels with the request: dropping this future before the answer, or an
         // error, releases in the background.
         let release = self.engine.release(right);
-        let deleted = if left < self.engine.response_timeout() {
+        let left = state.time_left();
+        let deleted = if !left.is_zero() && left < self.engine.response_timeout() {
             // The lease ends before the request would time out: wait no longer than it lasts.
             match tokio::time::timeout(left, release).await {
                 Ok(deleted) => deleted?,

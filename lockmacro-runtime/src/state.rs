@@ -295,6 +295,12 @@ impl LeaseState {
         self.release_claimed.store(false, Ordering::Release);
     }
 
+    /// Whether it ended at its deadline with renewals left and no renewal confirmed in time:
+    /// lost to a Redis that did not answer ([`LostReason::Unconfirmed`]).
+    pub(crate) fn unconfirmed(&self) -> bool {
+        !self.is_lost() && self.renewals_left() && self.deadline_nanos() <= clock::now()
+    }
+
     /// The error that ends work cut short by this lease.
     pub(crate) fn ending_error(&self) -> LockError {
         let key = self.key.clone();
