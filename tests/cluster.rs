@@ -125,26 +125,6 @@ async fn a_thousand_leases_over_three_masters_are_renewed_together() {
     );
 }
 
-/// A plain `builder` pointed at one cluster node: a key of another node's slot gets `MOVED`,
-/// and the error says to build the client with `cluster_builder`.
-#[tokio::test]
-async fn a_plain_client_on_a_cluster_node_is_told_to_use_cluster_builder() {
-    let cluster = RedisCluster::start(3, 0);
-    let node = cluster.masters()[0];
-    let locks = LockClient::builder(&node.url()).build().await.unwrap();
-    let key = (0..)
-        .map(|n| format!("elsewhere:{n}"))
-        .find(|key| cluster.master_of(key).port() != node.port())
-        .unwrap();
-    let error = locks
-        .run_locked(key, LockOptions::new(), async {})
-        .await
-        .expect_err("the key lives on another node");
-    let message = error.to_string();
-    assert!(matches!(error, LockError::Redis { .. }), "{error:?}");
-    assert!(message.contains("cluster_builder"), "{message}");
-}
-
 /// `cluster_builder` on a plain server: the server answered, so the error says it is not a
 /// cluster (and to use `builder`), not that it cannot be reached.
 #[tokio::test]

@@ -78,6 +78,7 @@ impl Call {
 
     fn options(&self) -> LockOptions {
         let options = LockOptions::new()
+            .label("combinations")
             .ttl(TTL)
             .unlimited_renewals()
             .fencing(self.fencing)
@@ -87,7 +88,10 @@ impl Call {
             Kind::Read => options.read(),
             Kind::Permits(permits) => options.permits(permits),
         };
-        let options = options.hold_at_least(self.hold_at_least);
+        let options = match self.hold_at_least.is_zero() {
+            true => options,
+            false => options.hold_at_least(self.hold_at_least),
+        };
         match self.wait {
             Some(wait) => options.wait(wait),
             None => options,

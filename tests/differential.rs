@@ -44,6 +44,7 @@ struct Options {
 impl Options {
     fn build(self) -> LockOptions {
         let options = LockOptions::new()
+            .label("combinations")
             .ttl(TTL)
             .fencing(self.fencing)
             .fair(self.fair);

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{assert_clean, client_for, dropped_at, get, opts, start_holder};
-use lockmacro_runtime::{LockContext, LockError, LockOptions, protocol};
+use lockmacro_runtime::{LockContext, LockError, LockOptions, LostReason, protocol};
 use redis::AsyncCommands;
 use testkit::RedisServer;
 use tokio::sync::oneshot;
@@ -52,7 +52,7 @@ async fn evicted_lock_key_is_reported_lost() {
     let dropped_at = dropped_at(dropped, Duration::from_secs(3)).await;
     let outcome = holder.await.unwrap();
     assert!(
-        matches!(outcome, Err(LockError::Lost { ref key }) if key == "evict:lock"),
+        matches!(outcome, Err(LockError::Lost { ref key, reason: LostReason::Gone }) if key == "evict:lock"),
         "{outcome:?}"
     );
     let noticed = dropped_at.saturating_duration_since(evicted_at);

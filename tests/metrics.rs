@@ -117,6 +117,11 @@ impl Recorded {
     }
 }
 
+/// [`opts`] labelled `label` for the metrics: a programmatic key's label is `(none)` without it.
+fn labelled(label: &'static str, ttl_ms: u64) -> LockOptions {
+    opts(ttl_ms).label(label)
+}
+
 /// Waits until the counter reaches `at_least` (the watchdog records on its own thread).
 async fn counter_reaches(name: &str, labels: &[(&str, &str)], at_least: u64) {
     let what = format!("{} ≥ {at_least}", series(name, labels));
@@ -151,7 +156,7 @@ async fn every_metric_is_described_with_its_unit() {
     locks
         .run_locked(
             "described:1",
-            opts(300).max_renewals(1),
+            labelled("described", 300).max_renewals(1),
             std::future::pending::<()>(),
         )
         .await
@@ -159,16 +164,19 @@ async fn every_metric_is_described_with_its_unit() {
     locks
         .run_locked(
             "described:2",
-            opts(1000).wait(Duration::from_secs(1)),
+            labelled("described", 1000).wait(Duration::from_secs(1)),
             async {},
         )
         .await
         .unwrap();
-    let held = locks.acquire("described:3", opts(5000)).await.unwrap();
+    let held = locks
+        .acquire("described:3", labelled("described", 5000))
+        .await
+        .unwrap();
     let waited = locks
         .run_locked(
             "described:3",
-            opts(1000).wait(Duration::from_millis(50)),
+            labelled("described", 1000).wait(Duration::from_millis(50)),
             async {},
         )
         .await;
@@ -211,7 +219,7 @@ async fn a_call_counts_once_holds_a_lease_and_ends_ok() {
     let locks = fast_client(&server).await;
     let prefix = [("prefix", "okcall")];
     locks
-        .run_locked("okcall:1", opts(1000), async {
+        .run_locked("okcall:1", labelled("okcall", 1000), async {
             assert_eq!(recorded.gauge("lockmacro_leases", &prefix), 1.0);
         })
         .await
@@ -255,7 +263,7 @@ async fn busy_calls_and_waits_are_counted_and_timed() {
     locks
         .run_locked(
             "waits:free",
-            opts(1000).wait(Duration::from_secs(1)),
+            labelled("waits", 1000).wait(Duration::from_secs(1)),
             async {},
         )
         .await
@@ -265,8 +273,13 @@ async fn busy_calls_and_waits_are_counted_and_timed() {
         vec![0.0]
     );
 
-    let held = locks.acquire("waits:1", opts(5000)).await.unwrap();
-    let busy = locks.run_locked("waits:1", opts(1000), async {}).await;
+    let held = locks
+        .acquire("waits:1", labelled("waits", 5000))
+        .await
+        .unwrap();
+    let busy = locks
+        .run_locked("waits:1", labelled("waits", 1000), async {})
+        .await;
     assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
     let busy = [("prefix", "waits"), ("outcome", "busy")];
     assert_eq!(recorded.counter("lockmacro_acquisitions_total", &busy), 1);
@@ -274,7 +287,7 @@ async fn busy_calls_and_waits_are_counted_and_timed() {
     let waiter = tokio::spawn({
         let locks = locks.clone();
         async move {
-            let options = opts(1000).wait(Duration::from_secs(10));
+            let options = labelled("waits", 1000).wait(Duration::from_secs(10));
             locks.run_locked("waits:1", options, async {}).await
         }
     });
@@ -298,7 +311,7 @@ async fn an_unreachable_redis_counts_as_an_error() {
     let locks = fast_client(&server).await;
     server.kill();
     let outcome = locks
-        .run_locked("unreachable:1", opts(1000), async {})
+        .run_locked("unreachable:1", labelled("unreachable", 1000), async {})
         .await;
     assert!(
         matches!(outcome, Err(LockError::Redis { .. })),
@@ -316,7 +329,7 @@ async fn renewals_are_counted_until_they_run_out() {
     let outcome = locks
         .run_locked(
             "renewed:1",
-            opts(300).max_renewals(2),
+            labelled("renewed", 300).max_renewals(2),
             std::future::pending::<()>(),
         )
         .await;
@@ -343,7 +356,10 @@ async fn a_lease_taken_away_counts_as_lost() {
     let recorded = recorded();
     let server = RedisServer::start();
     let locks = fast_client(&server).await;
-    let lease = locks.acquire("taken:1", opts(1000)).await.unwrap();
+    let lease = locks
+        .acquire("taken:1", labelled("taken", 1000))
+        .await
+        .unwrap();
     let mut raw = server.connection().await;
     let _: () = raw.set("taken:1", "someone else").await.unwrap();
     let outcome = lease.run(std::future::pending::<()>()).await;
@@ -371,7 +387,10 @@ async fn failed_renewals_are_counted_while_redis_is_frozen() {
         .build()
         .await
         .unwrap();
-    let lease = locks.acquire("frozen:1", opts(3000)).await.unwrap();
+    let lease = locks
+        .acquire("frozen:1", labelled("frozen", 3000))
+        .await
+        .unwrap();
     server.pause();
     let failed = [("prefix", "frozen"), ("result", "failed")];
     counter_reaches("lockmacro_renewals_total", &failed, 1).await;
@@ -391,7 +410,7 @@ async fn dropped_work_ends_cancelled_and_is_released_in_the_background() {
         let locks = locks.clone();
         async move {
             locks
-                .run_locked("dropped:1", opts(5000), async {
+                .run_locked("dropped:1", labelled("dropped", 5000), async {
                     started_tx.send(()).unwrap();
                     std::future::pending::<()>().await;
                 })
@@ -473,20 +492,42 @@ async fn the_attribute_labels_by_its_prefix_and_judges_errors_and_panics() {
     assert_eq!(recorded.samples("lockmacro_held_seconds", &ended).len(), 1);
 }
 
+/// A programmatic key is labelled as its options say (`LockOptions::label`), else `(none)`:
+/// never a part of the key. Regression: its first `:` segment was the label, so
+/// `tenant0:order:3` made one series per tenant.
 #[tokio::test]
-async fn a_programmatic_key_is_labelled_by_its_part_before_the_first_colon() {
+async fn a_programmatic_key_is_labelled_as_its_options_say_never_by_a_part_of_it() {
     let recorded = recorded();
     let server = RedisServer::start();
     let locks = fast_client(&server).await;
-    locks
-        .run_locked("orders:eu:42", LockOptions::new(), async {})
-        .await
-        .unwrap();
+    for tenant in 0..3 {
+        let key = format!("tenant{tenant}:order:3");
+        let options = LockOptions::new().label("orders");
+        locks
+            .run_locked(key.as_str(), options, async {})
+            .await
+            .unwrap();
+        locks
+            .run_locked(key.as_str(), LockOptions::new(), async {})
+            .await
+            .unwrap();
+    }
     let acquired = [("prefix", "orders"), ("outcome", "acquired")];
     assert_eq!(
         recorded.counter("lockmacro_acquisitions_total", &acquired),
-        1
+        3
     );
+    let unlabelled = [("prefix", "(none)"), ("outcome", "acquired")];
+    assert!(recorded.counter("lockmacro_acquisitions_total", &unlabelled) >= 3);
+    let seen = recorded.update();
+    let by_key: Vec<_> = seen
+        .counters
+        .keys()
+        .chain(seen.samples.keys())
+        .chain(seen.gauges.keys())
+        .filter(|series| series.contains("tenant"))
+        .collect();
+    assert!(by_key.is_empty(), "{by_key:?}");
 }
 
 /// A programmatic key without `:` is no label of its own (one series per key would be
@@ -508,4 +549,122 @@ async fn a_programmatic_key_without_a_colon_is_labelled_none_not_by_key() {
         .filter(|series| series.contains("nightly-report"))
         .collect();
     assert!(by_key.is_empty(), "{by_key:?}");
+}
+
+/// Failed calls are counted per operation (`lockmacro_redis_errors_total{op}`); on Redlock, a
+/// call no majority answered is counted in `lockmacro_redlock_no_quorum_total{op}`, and an
+/// attempt that took some masters while others were busy in `lockmacro_redlock_splits_total`.
+#[tokio::test]
+async fn redis_errors_no_quorum_and_redlock_splits_are_counted() {
+    let recorded = recorded();
+    let acquire = [("op", "acquire")];
+    let errors_before = recorded.counter("lockmacro_redis_errors_total", &acquire);
+    let mut server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    server.kill();
+    let outcome = locks
+        .run_locked("errors:1", labelled("errors", 1000), async {})
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::Redis { .. })),
+        "{outcome:?}"
+    );
+    assert!(recorded.counter("lockmacro_redis_errors_total", &acquire) > errors_before);
+
+    // Redlock over 3 masters: one down, one holding another owner's token, one free. The
+    // attempt takes the free one, finds one busy: a split, and no majority either way.
+    let mut masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let quorum = LockClient::redlock_builder(&urls)
+        .scan_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let stray = format!("{:032x}", 7u128);
+    masters[0].command(&["SET", "split:1", &stray, "PX", "60000"]);
+    masters[2].kill();
+    let (splits, no_quorum) = (
+        recorded.counter("lockmacro_redlock_splits_total", &[]),
+        recorded.counter("lockmacro_redlock_no_quorum_total", &acquire),
+    );
+    let outcome = quorum
+        .run_locked("split:1", labelled("split", 1000), async {})
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::NoQuorum { .. })),
+        "{outcome:?}"
+    );
+    assert!(recorded.counter("lockmacro_redlock_splits_total", &[]) > splits);
+    assert!(recorded.counter("lockmacro_redlock_no_quorum_total", &acquire) > no_quorum);
+    let seen = recorded.update();
+    for name in [
+        "lockmacro_redis_errors_total",
+        "lockmacro_redlock_no_quorum_total",
+        "lockmacro_redlock_splits_total",
+    ] {
+        assert_eq!(
+            seen.units.get(name),
+            Some(&Some(Unit::Count)),
+            "unit of {name}"
+        );
+        assert_eq!(
+            seen.described.get(name),
+            Some(&true),
+            "description of {name}"
+        );
+    }
+}
+
+/// `lockmacro_redis_seconds` covers every call to the deployment: a waiter's attempts
+/// (`acquire`), its subscription to releases (`subscribe`), and a release that hands the lock
+/// to a waiter of the same client (`hand_over`), as well as background releases (`release`).
+#[tokio::test]
+async fn redis_time_covers_hand_overs_waiters_and_background_releases() {
+    let recorded = recorded();
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    let count = |op: &str| {
+        recorded
+            .samples("lockmacro_redis_seconds", &[("op", op)])
+            .len()
+    };
+    let (acquires, subscribes, hand_overs, releases) = (
+        count("acquire"),
+        count("subscribe"),
+        count("hand_over"),
+        count("release"),
+    );
+    let held = locks
+        .acquire("handed:1", labelled("handed", 5000))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let options = labelled("handed", 5000).wait(Duration::from_secs(10));
+            locks.run_locked("handed:1", options, async {}).await
+        }
+    });
+    eventually(Duration::from_secs(5), "the waiter parks", || async {
+        locks.waiting("handed:1") == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+    assert!(
+        count("acquire") >= acquires + 2,
+        "the holder's and the waiter's attempts"
+    );
+    assert!(count("subscribe") > subscribes, "the waiter's subscription");
+    assert!(count("hand_over") > hand_overs, "the hand-over");
+
+    let dropped = locks
+        .acquire("handed:2", labelled("handed", 5000))
+        .await
+        .unwrap();
+    let before = count("release");
+    drop(dropped);
+    key_gone(&server, "handed:2", Duration::from_secs(5)).await;
+    sample_count_reaches("lockmacro_redis_seconds", &[("op", "release")], before + 1).await;
+    assert!(count("release") > releases);
 }

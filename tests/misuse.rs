@@ -146,3 +146,85 @@ async fn a_zero_ttl_given_at_run_time_is_refused_before_any_io() {
         "the body never ran"
     );
 }
+
+/// Programmatic options are refused as the attribute refuses them, with `InvalidOptions`,
+/// before any I/O (nothing listens on port 1), for every entry point. Regression: a zero ttl
+/// was raised to 1 ms and ended in `Lost`, `Duration::MAX` reached Redis as a raw error, a ttl
+/// under the drift margin ended in `Lost` with the work never run, and a zero `wait` or
+/// `hold_at_least` was taken silently (the attribute refuses both).
+#[tokio::test]
+async fn programmatic_options_are_refused_as_the_attribute_refuses_them() {
+    use lockmacro_runtime::{LockOptions, MAX_TTL, MIN_TTL};
+    let locks = LockClient::builder("redis://127.0.0.1:1")
+        .build_lazy()
+        .unwrap();
+    let base = LockOptions::new();
+    let refused = [
+        (base.ttl(Duration::ZERO), "`ttl` is zero"),
+        (base.ttl(Duration::from_millis(2)), "drift margin"),
+        (base.ttl(Duration::MAX), "longer than a lease may be"),
+        (base.ttl(MAX_TTL + Duration::from_secs(1)), "longer"),
+        (base.wait(Duration::ZERO), "leave `wait` out"),
+        (
+            base.hold_at_least(Duration::ZERO),
+            "`hold_at_least` is zero",
+        ),
+        (base.hold_at_least(Duration::MAX), "`hold_at_least`"),
+        (base.permits(0), "`permits`"),
+    ];
+    for (options, says) in refused {
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let outcomes = [
+            locks
+                .run_locked("refused:1", options, async {
+                    ran.store(true, std::sync::atomic::Ordering::SeqCst)
+                })
+                .await
+                .map(drop),
+            locks.acquire("refused:1", options).await.map(drop),
+            locks
+                .acquire_many(["refused:1", "refused:2"], options)
+                .await
+                .map(drop),
+        ];
+        for outcome in outcomes {
+            match outcome {
+                Err(LockError::InvalidOptions { message }) => {
+                    assert!(message.contains(says), "{options:?}: {message}");
+                }
+                other => panic!("{options:?}: expected InvalidOptions, got {other:?}"),
+            }
+        }
+        assert!(
+            !ran.load(std::sync::atomic::Ordering::SeqCst),
+            "{options:?}"
+        );
+    }
+    // The bounds themselves are taken (refused here only because nothing listens).
+    for options in [base.ttl(MIN_TTL), base.ttl(MAX_TTL).hold_at_least(MAX_TTL)] {
+        let outcome = locks.acquire("bounds:1", options).await;
+        assert!(
+            matches!(outcome, Err(LockError::Redis { .. })),
+            "{options:?}: {outcome:?}"
+        );
+    }
+}
+
+/// Refused options are refused inside a lock already held too: a nested call does not skip
+/// the check by re-entering.
+#[tokio::test]
+async fn refused_options_are_refused_when_reentering() {
+    let locks = LockClient::in_memory();
+    let nested = locks
+        .run_locked("nested:1", opts(5_000), async {
+            locks
+                .run_locked("nested:1", opts(5_000).wait(Duration::ZERO), async {})
+                .await
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(nested, Err(LockError::InvalidOptions { .. })),
+        "{nested:?}"
+    );
+}

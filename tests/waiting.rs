@@ -273,7 +273,6 @@ async fn a_release_is_announced_only_when_someone_waits() {
 #[tokio::test]
 async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key() {
     use common::{command_calls, get};
-    use futures_util::StreamExt;
     use lockmacro_runtime::{LockEvent, protocol};
     let server = RedisServer::start();
     let (holder, watcher) = (fast_client(&server).await, fast_client(&server).await);

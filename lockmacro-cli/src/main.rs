@@ -2,7 +2,7 @@
 //!
 //! A thin layer of arguments and printing over the runtime's inspection API
 //! ([`LockClient::list`], [`LockClient::inspect`], [`LockClient::force_release`],
-//! [`LockClient::watch`]): it reaches every deployment the runtime does (one Redis, Sentinel,
+//! [`LockClient::watch`], [`LockClient::health`]): it reaches every deployment the runtime does (one Redis, Sentinel,
 //! a Cluster, a Redlock quorum) and reads locks through the runtime's one owner of their format.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -11,13 +11,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use futures_util::StreamExt;
-use lockmacro_runtime::{Holder, LockClient, LockError, LockEvent, LockInfo, LockKind};
+use lockmacro_runtime::{Health, Holder, LockClient, LockError, LockEvent, LockInfo, LockKind};
 use serde_json::json;
 
 /// Look at and clear lockmacro's Redis locks: who holds a lock, for how long, who waits; free it.
 #[derive(Parser)]
-#[command(name = "lockmacro", version)]
+#[command(name = "lockmacro", version, after_help = EXIT_STATUS)]
 struct Cli {
     /// Where the locks live: `redis://[user:password@]host:port[/db]`, `rediss://` for TLS
     /// (`#insecure` at the end skips certificate checks, for tests), or
@@ -49,6 +48,14 @@ struct Cli {
     command: Command,
 }
 
+/// The exit statuses, as `--help` shows them.
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  done: the lock is held (inspect), released (release), listed or watched, the deployment ready (health)
+  1  not held: `inspect` of a free key, `release` of a key nobody holds (or not confirmed); `health` not ready
+  2  usage: bad arguments or configuration (a malformed URL, a cluster node without --cluster)
+  3  error reaching or reading Redis (unreachable, refused, timed out, no Redlock majority)";
+
 #[derive(Subcommand)]
 enum Command {
     /// List held locks: key, kind, time left, holders (who holds it), and the callers waiting.
@@ -72,7 +79,7 @@ enum Command {
     Inspect {
         /// The lock's full key, e.g. `Business1:1024`.
         key: String,
-        /// Print one JSON object.
+        /// Print one JSON object (`null` when nobody holds it).
         #[arg(long)]
         json: bool,
     },
@@ -100,6 +107,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask every server of the deployment (each Redlock master, each cluster node) whether it
+    /// answers and how fast. Exits 0 when locks can be taken, 1 when not, 3 when no server
+    /// answers.
+    Health {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -109,56 +124,69 @@ fn main() -> ExitCode {
         .build()
     {
         Ok(runtime) => runtime,
-        Err(error) => return fail(&format!("cannot start: {error}")),
+        Err(error) => return fail(Exit::Error, &format!("cannot start: {error}")),
     };
-    let cluster = cli.cluster;
     match runtime.block_on(run(cli)) {
         Ok(Done::Success) => ExitCode::SUCCESS,
-        Ok(Done::Failure(message)) => fail(&message),
-        Err(error) => fail(&explain(&error, cluster)),
+        Ok(Done::Failure(exit, message)) => fail(exit, &message),
+        Err(error) => fail(Exit::of(&error), &error.to_string()),
     }
 }
 
 /// How a command ended, when nothing failed.
 enum Done {
     Success,
-    /// Exit 1 with this message: a free key inspected or released.
-    Failure(String),
+    /// Exit with this status and message: a free key inspected or released, a refusal.
+    Failure(Exit, String),
 }
 
-fn fail(message: &str) -> ExitCode {
-    // One line, whatever the error's sources say.
-    let line: Vec<&str> = message.split_whitespace().collect();
-    eprintln!("lockmacro: {}", line.join(" "));
-    ExitCode::FAILURE
+/// The exit statuses other than success ([`EXIT_STATUS`]).
+#[derive(Clone, Copy)]
+enum Exit {
+    /// The lock is not held (or not released); the deployment is not ready.
+    NotHeld = 1,
+    /// Bad arguments or configuration (clap's own usage errors exit 2 too).
+    Usage = 2,
+    /// Redis could not be reached or read.
+    Error = 3,
 }
 
-/// The error, with a hint when a cluster node was used as one server.
-fn explain(error: &LockError, cluster: bool) -> String {
-    let text = error.to_string();
-    let lower = text.to_lowercase();
-    let cluster_node = ["moved", "crossslot", "cross-slot", "redis cluster node"]
-        .iter()
-        .any(|sign| lower.contains(sign));
-    if cluster_node && !cluster {
-        format!("this is a cluster node; use --cluster ({text})")
-    } else {
-        text
+impl Exit {
+    /// A configuration the arguments made is a usage error; anything else came from Redis.
+    fn of(error: &LockError) -> Self {
+        match error {
+            LockError::Config { .. }
+            | LockError::InvalidKey { .. }
+            | LockError::InvalidOptions { .. } => Self::Usage,
+            _ => Self::Error,
+        }
     }
 }
 
+fn fail(exit: Exit, message: &str) -> ExitCode {
+    // One line, whatever the error's sources say.
+    let line: Vec<&str> = message.split_whitespace().collect();
+    eprintln!("lockmacro: {}", line.join(" "));
+    ExitCode::from(exit as u8)
+}
+
 async fn run(cli: Cli) -> Result<Done, LockError> {
-    let locks = connect(&cli).await?;
+    if let Command::Health { json } = cli.command {
+        // Built without I/O: a deployment that does not answer is what `health` reports.
+        return health(&builder(&cli)?.build_lazy()?, json).await;
+    }
+    let locks = builder(&cli)?.build().await?;
     match cli.command {
         Command::List { prefix, json } => list(&locks, prefix.as_deref().unwrap_or(""), json).await,
         Command::Inspect { key, json } => inspect(&locks, &key, json).await,
         Command::Release { key, force, yes } => release(&locks, &key, force, yes).await,
         Command::Watch { key, json } => watch(&locks, &key, json).await,
+        Command::Health { json } => health(&locks, json).await,
     }
 }
 
-/// A client for the deployment the arguments name.
-async fn connect(cli: &Cli) -> Result<LockClient, LockError> {
+/// A client builder for the deployment the arguments name.
+fn builder(cli: &Cli) -> Result<lockmacro_runtime::LockClientBuilder, LockError> {
     let urls: Vec<&str> = cli
         .url
         .iter()
@@ -182,7 +210,7 @@ async fn connect(cli: &Cli) -> Result<LockClient, LockError> {
         })?;
         builder = builder.tls_root_certificate(pem);
     }
-    builder.build().await
+    Ok(builder)
 }
 
 fn kind_name(kind: LockKind) -> String {
@@ -268,7 +296,16 @@ async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, Lock
         written(write!(out, "["))?;
     }
     while let Some(lock) = listed.next().await {
-        let lock = lock?;
+        let lock = match lock {
+            Ok(lock) => lock,
+            Err(error) => {
+                if json {
+                    // What was printed stays one JSON value; the exit status says it is cut short.
+                    written(writeln!(out, "]"))?;
+                }
+                return Err(error);
+            }
+        };
         if json {
             let separator = if count == 0 { "" } else { "," };
             written(write!(out, "{separator}{}", as_json(&lock)))?;
@@ -305,10 +342,14 @@ async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, Lock
 }
 
 async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockError> {
-    let Some(lock) = locks.inspect(key).await? else {
-        return Ok(Done::Failure(format!("`{key}` is not held")));
-    };
+    let found = locks.inspect(key).await?;
     let mut out = std::io::stdout().lock();
+    let Some(lock) = found else {
+        if json {
+            written(writeln!(out, "null"))?;
+        }
+        return Ok(Done::Failure(Exit::NotHeld, format!("`{key}` is not held")));
+    };
     if json {
         written(writeln!(out, "{}", as_json(&lock)))?;
         return Ok(Done::Success);
@@ -355,15 +396,19 @@ async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, Lock
 
 async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Result<Done, LockError> {
     if !force {
-        return Ok(Done::Failure(format!(
-            "refusing to release `{key}` without --force: its holder may still be working (it learns it lost the lock only at its next renewal)"
-        )));
+        return Ok(Done::Failure(
+            Exit::Usage,
+            format!(
+                "refusing to release `{key}` without --force: its holder may still be working (it learns it lost the lock only at its next renewal)"
+            ),
+        ));
     }
     if !yes && std::io::stdin().is_terminal() {
         let Some(lock) = locks.inspect(key).await? else {
-            return Ok(Done::Failure(format!(
-                "`{key}` is not held; nothing released"
-            )));
+            return Ok(Done::Failure(
+                Exit::NotHeld,
+                format!("`{key}` is not held; nothing released"),
+            ));
         };
         let hints: Vec<String> = lock
             .holders()
@@ -379,16 +424,17 @@ async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Resul
         if std::io::stdin().lock().read_line(&mut answer).is_err()
             || !matches!(answer.trim(), "y" | "Y" | "yes")
         {
-            return Ok(Done::Failure("not released".to_owned()));
+            return Ok(Done::Failure(Exit::NotHeld, "not released".to_owned()));
         }
     }
     if locks.force_release(key).await? {
         println!("{key}: released; its holder gets `Lost` at its next renewal");
         Ok(Done::Success)
     } else {
-        Ok(Done::Failure(format!(
-            "`{key}` is not held; nothing released"
-        )))
+        Ok(Done::Failure(
+            Exit::NotHeld,
+            format!("`{key}` is not held; nothing released"),
+        ))
     }
 }
 
@@ -430,4 +476,46 @@ async fn watch(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockEr
         let mut out = std::io::stdout().lock();
         written(writeln!(out, "{line}").and_then(|()| out.flush()))?;
     }
+}
+
+/// Prints every server's answer; exit 0 when ready, 1 when not, 3 when none answers.
+async fn health(locks: &LockClient, json: bool) -> Result<Done, LockError> {
+    let health = locks.health().await;
+    let mut out = std::io::stdout().lock();
+    if json {
+        written(writeln!(out, "{}", health_json(&health)))?;
+    } else {
+        written(writeln!(out, "{health}"))?;
+    }
+    Ok(match (health.is_ready(), health.answering()) {
+        (true, _) => Done::Success,
+        (false, 0) => Done::Failure(
+            Exit::Error,
+            format!("no server answers: {}", health.verdict()),
+        ),
+        (false, _) => Done::Failure(Exit::NotHeld, format!("not ready: {}", health.verdict())),
+    })
+}
+
+fn health_json(health: &Health) -> serde_json::Value {
+    let nodes: Vec<serde_json::Value> = health
+        .nodes()
+        .iter()
+        .map(|node| {
+            json!({
+                "address": node.address(),
+                "role": node.role().to_string(),
+                "answers": node.answers(),
+                "latency_ms": node.latency().map(|latency| latency.as_secs_f64() * 1e3),
+                "error": node.error(),
+                "slots": node.slots(),
+            })
+        })
+        .collect();
+    json!({
+        "deployment": health.deployment(),
+        "ready": health.is_ready(),
+        "verdict": health.verdict(),
+        "nodes": nodes,
+    })
 }

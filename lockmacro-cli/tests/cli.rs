@@ -34,9 +34,14 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// Exit 1 with one line on stderr that contains `what`.
+/// Exit 1 (not held) with one line on stderr that contains `what`.
 fn assert_fails_with(output: &Output, what: &str) {
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(output));
+    assert_exits(output, 1, what);
+}
+
+/// Exit `status` with one line on stderr that contains `what`.
+fn assert_exits(output: &Output, status: i32, what: &str) {
+    assert_eq!(output.status.code(), Some(status), "{}", stderr(output));
     assert!(stderr(output).contains(what), "{}", stderr(output));
     assert_eq!(
         stderr(output).trim().lines().count(),
@@ -295,7 +300,7 @@ async fn forced_release_wakes_the_waiter_and_the_holder_learns_it_lost() {
         .await
         .unwrap();
 
-    assert_fails_with(&lockmacro(&url, &["release", "jobs:1"]), "--force");
+    assert_exits(&lockmacro(&url, &["release", "jobs:1"]), 2, "--force");
 
     let waiter = tokio::spawn({
         let locks = locks.clone();
@@ -336,7 +341,7 @@ async fn forced_release_wakes_the_waiter_and_the_holder_learns_it_lost() {
 #[tokio::test]
 async fn bad_urls_unreachable_servers_and_tls_on_a_plain_port_are_one_line_errors() {
     let bad = lockmacro(&one("http://:hunter2@nowhere"), &["list"]);
-    assert_fails_with(&bad, "URL");
+    assert_exits(&bad, 2, "URL");
     assert!(!stderr(&bad).contains("hunter2"), "{}", stderr(&bad));
 
     let port = {
@@ -344,7 +349,7 @@ async fn bad_urls_unreachable_servers_and_tls_on_a_plain_port_are_one_line_error
         listener.local_addr().unwrap().port()
     };
     let down = lockmacro(&one(format!("redis://127.0.0.1:{port}")), &["list"]);
-    assert_fails_with(&down, &format!("127.0.0.1:{port}"));
+    assert_exits(&down, 3, &format!("127.0.0.1:{port}"));
 
     // Regression: `rediss://` against a plaintext port said only `timed out`.
     let server = RedisServer::start();
@@ -352,7 +357,7 @@ async fn bad_urls_unreachable_servers_and_tls_on_a_plain_port_are_one_line_error
         &one(format!("rediss://127.0.0.1:{}/#insecure", server.port())),
         &["list"],
     );
-    assert_fails_with(&plain, "TLS");
+    assert_exits(&plain, 3, "TLS");
 
     // `--url` after the subcommand, and `REDIS_URL`, too.
     let after = Command::new(env!("CARGO_BIN_EXE_lockmacro"))
@@ -452,7 +457,8 @@ async fn a_cluster_is_listed_across_every_master_and_a_node_alone_gets_a_hint() 
         &["inspect", "spread:6"],
     ] {
         let alone = lockmacro(&seed, command);
-        assert_fails_with(&alone, "this is a cluster node; use --cluster");
+        assert_exits(&alone, 2, "Redis Cluster node");
+        assert!(stderr(&alone).contains("`--cluster`"), "{}", stderr(&alone));
     }
 
     let watching = Watching::start(&seed, &["--cluster"], "spread:5");
@@ -526,11 +532,161 @@ async fn tls_with_a_private_root() {
     let url = one(format!("rediss://127.0.0.1:{tls_port}"));
 
     let untrusted = lockmacro(&url, &["inspect", "secure:1"]);
-    assert_eq!(untrusted.status.code(), Some(1), "{}", stderr(&untrusted));
+    assert_eq!(untrusted.status.code(), Some(3), "{}", stderr(&untrusted));
     let ca = certificates.path("ca.crt");
     let trusted = lockmacro(&url, &["--tls-root", &ca, "inspect", "secure:1", "--json"]);
     assert_eq!(
         json(&trusted)["holders"][0]["token_hint"],
         &held.token()[..4]
     );
+}
+
+/// Exit status 0 held, 1 not held, 2 usage, 3 Redis unreachable or unreadable, so a script can
+/// tell free from broken (regression: free and unreachable were both 1); `--json` always prints
+/// a value (regression: `inspect --json` of a free key printed nothing); `--help` says so.
+#[tokio::test]
+async fn exit_status_tells_held_free_usage_and_broken_apart() {
+    let mut server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let held = locks.acquire("status:1", opts(30_000)).await.unwrap();
+
+    assert_eq!(
+        lockmacro(&url, &["inspect", "status:1"]).status.code(),
+        Some(0)
+    );
+    let free = lockmacro(&url, &["inspect", "status:2", "--json"]);
+    assert_eq!(free.status.code(), Some(1), "{}", stderr(&free));
+    assert_eq!(stdout(&free).trim(), "null");
+    assert_exits(
+        &lockmacro(&url, &["release", "status:2", "--force", "--yes"]),
+        1,
+        "not held",
+    );
+    assert_eq!(
+        lockmacro(&url, &["release", "status:2"]).status.code(),
+        Some(2),
+        "no --force: usage"
+    );
+    let usage = lockmacro(&url, &["inspect"]);
+    assert_eq!(usage.status.code(), Some(2), "clap's usage error");
+    let list = lockmacro(&url, &["list", "--json"]);
+    assert_eq!(list.status.code(), Some(0));
+    assert_eq!(json(&list).as_array().unwrap().len(), 1);
+
+    let help = lockmacro(&url, &["--help"]);
+    for line in [
+        "0  done",
+        "1  not held",
+        "2  usage",
+        "3  error reaching or reading Redis",
+    ] {
+        assert!(stdout(&help).contains(line), "{}", stdout(&help));
+    }
+
+    drop(held);
+    server.kill();
+    for command in [
+        &["inspect", "status:1"][..],
+        &["inspect", "status:1", "--json"],
+        &["list", "--json"],
+        &["release", "status:1", "--force", "--yes"],
+    ] {
+        let broken = lockmacro(&url, command);
+        assert_exits(&broken, 3, &format!("127.0.0.1:{}", server.port()));
+        assert_ne!(
+            stdout(&broken).trim(),
+            "null",
+            "{command:?}: an error is never `null`"
+        );
+    }
+}
+
+/// `health` over a Redlock quorum with one master down: every master with its answer, ready
+/// (exit 0) while a majority answers, not ready (exit 1) without, 3 when none answers.
+#[tokio::test]
+async fn health_shows_every_redlock_master_and_is_ready_while_a_majority_answers() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    servers[2].kill();
+    let shown = lockmacro(&urls, &["health"]);
+    eprintln!("{}", stdout(&shown));
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let text = stdout(&shown);
+    assert!(
+        text.starts_with("redlock: ready, 2 of 3 masters answer (2 needed)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "127.0.0.1:{}  master  no answer: cannot reach",
+            servers[2].port()
+        )),
+        "{text}"
+    );
+    let object = json(&lockmacro(&urls, &["health", "--json"]));
+    assert_eq!(object["ready"], true);
+    assert_eq!(object["nodes"][2]["answers"], false);
+    assert!(
+        object["nodes"][0]["latency_ms"].as_f64().is_some(),
+        "{object}"
+    );
+
+    servers[1].kill();
+    assert_exits(&lockmacro(&urls, &["health"]), 1, "not ready");
+    servers[0].kill();
+    assert_exits(&lockmacro(&urls, &["health"]), 3, "no server answers");
+}
+
+/// `inspect` of a held lock on each deployment, as an operator sees it (printed for the record).
+#[tokio::test]
+async fn inspect_of_a_held_lock_on_each_deployment() {
+    let server = RedisServer::start();
+    let sentinel = RedisSentinel::start();
+    let cluster = RedisCluster::start(3, 0);
+    let quorum: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let quorum_urls: Vec<String> = quorum.iter().map(RedisServer::url).collect();
+    let deployments: Vec<(&str, LockClient, Vec<String>, Vec<&str>)> = vec![
+        (
+            "one Redis",
+            built(LockClient::builder(&server.url())).await,
+            one(server.url()),
+            vec![],
+        ),
+        (
+            "Sentinel",
+            built(LockClient::builder(&sentinel.url())).await,
+            one(sentinel.url()),
+            vec![],
+        ),
+        (
+            "Cluster",
+            built(LockClient::cluster_builder(cluster.seed_urls())).await,
+            one(cluster.seed_urls()[0].clone()),
+            vec!["--cluster"],
+        ),
+        (
+            "Redlock",
+            built(LockClient::redlock_builder(&quorum_urls)).await,
+            quorum_urls.clone(),
+            vec![],
+        ),
+    ];
+    for (name, locks, urls, flags) in deployments {
+        let held = locks.acquire("orders:42", opts(30_000)).await.unwrap();
+        let mut args = flags.clone();
+        args.extend(["inspect", "orders:42"]);
+        let shown = lockmacro(&urls, &args);
+        assert_eq!(shown.status.code(), Some(0), "{name}: {}", stderr(&shown));
+        let text = stdout(&shown);
+        eprintln!("{name}: lockmacro {}\n{text}", args.join(" "));
+        assert!(
+            text.contains(&format!("{}…", &held.token()[..4])),
+            "{name}: {text}"
+        );
+        let mut args = flags.clone();
+        args.extend(["health"]);
+        let health = lockmacro(&urls, &args);
+        assert_eq!(health.status.code(), Some(0), "{name}: {}", stdout(&health));
+    }
 }

@@ -8,6 +8,7 @@ use crate::builder::{LockClientBuilder, Parts};
 use crate::context;
 use crate::engine::Engine;
 use crate::error::LockError;
+use crate::health::Health;
 use crate::key::{check_key, key_list};
 use crate::lease::Lease;
 use crate::metrics::End;
@@ -223,7 +224,9 @@ impl LockClient {
     /// [`LockError::Busy`] when another owner holds the key (after `wait`, if set),
     /// [`LockError::Redis`] when Redis fails while acquiring (the work never ran),
     /// [`LockError::RenewalsExhausted`] or [`LockError::Lost`] when the work was cut short,
-    /// [`LockError::InvalidKey`] for an empty or over-long key.
+    /// [`LockError::InvalidKey`] for an empty or over-long key, [`LockError::InvalidOptions`]
+    /// for options a lock cannot be taken with (see [`LockOptions`]'s validation), both before
+    /// any I/O.
     ///
     /// # Panics
     /// When called on a tokio runtime built without timers or IO (tokio's own panic names the
@@ -251,6 +254,7 @@ impl LockClient {
         failed: impl FnOnce(&F::Output) -> bool,
     ) -> Result<F::Output, LockError> {
         let key = check_key(key.into())?;
+        options.validate()?;
         if let Some(held) = context::held(self.engine.id, &key) {
             return if held.grants(options.kind) {
                 Ok(work.await)
@@ -356,6 +360,7 @@ impl LockClient {
             let key = keys.swap_remove(0);
             return self.run_locked_judged(key, options, work, failed).await;
         }
+        options.validate()?;
         let held: Vec<_> = keys
             .iter()
             .map(|key| context::held(self.engine.id, key))
@@ -434,6 +439,38 @@ impl LockClient {
     /// the background, and expire with their leases at the latest.
     pub async fn shutdown(&self) -> Result<(), LockError> {
         self.engine.shutdown().await
+    }
+
+    /// Whether the deployment answers, server by server, and how fast: a `PING` to the server
+    /// (one Redis; on Sentinel, the master the sentinels name now), to each Redlock master, or
+    /// to each node `CLUSTER NODES` lists. [`Health::is_ready`] says whether locks can be taken:
+    /// the server answers, a majority of the masters answer (Redlock), every slot's master
+    /// answers (Cluster). Never an error: a server that does not answer is shown with why.
+    /// Bounded by the connect and response timeouts; works on a client built with
+    /// [`build_lazy`](LockClientBuilder::build_lazy) while Redis is down, which makes it a
+    /// readiness probe.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
+    /// use lockmacro_runtime::LockClient;
+    ///
+    /// let locks = LockClient::redlock_builder(["redis://a:6379", "redis://b:6379", "redis://c:6379"])
+    ///     .build_lazy()?;
+    /// let health = locks.health().await;
+    /// println!("{health}");
+    /// // redlock: ready, 2 of 3 masters answer (2 needed)
+    /// //   a:6379  master  answers in 0.21 ms
+    /// //   ...
+    /// if !health.is_ready() {
+    ///     std::process::exit(1);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: it only reads.
+    pub async fn health(&self) -> Health {
+        self.engine.store().health().await
     }
 
     /// How many leases this client's watchdog is keeping alive right now.

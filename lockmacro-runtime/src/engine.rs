@@ -24,7 +24,7 @@ use crate::right::{Keeper, ReleaseRight};
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
 use crate::store::protocol::Origin;
-use crate::store::{Store, release_until_settled};
+use crate::store::{Store, release_before, release_until_settled};
 use crate::waiters::WaitQueue;
 
 pub(crate) struct Engine {
@@ -120,14 +120,17 @@ impl Engine {
     /// Sends an acquire in its turn (see [`REQUESTS_IN_FLIGHT`]): its reply, and when it went
     /// on the wire (nanos). A lease's time counts from then: time spent queued in the client is
     /// not the lease's.
-    async fn acquire_in_turn<T>(&self, request: impl Future<Output = T>) -> (T, u64) {
+    async fn acquire_in_turn<T: metrics::Answer>(
+        &self,
+        request: impl Future<Output = T>,
+    ) -> (T, u64) {
         let _turn = self.in_flight.take().await;
         let sent_at = clock::now();
         (metrics::timed("acquire", request).await, sent_at)
     }
 
     /// Sends a release in its turn (see [`REQUESTS_IN_FLIGHT`]).
-    async fn release_in_turn<T>(&self, request: impl Future<Output = T>) -> T {
+    async fn release_in_turn<T: metrics::Answer>(&self, request: impl Future<Output = T>) -> T {
         let _turn = self.in_flight.take().await;
         metrics::timed("release", request).await
     }
@@ -158,12 +161,15 @@ impl Engine {
             leases = rights.len(),
             "lock client shutting down; releasing every lease"
         );
-        let releases = rights.iter().map(|right| async {
+        // Each release is sent again until it is confirmed or the shutdown timeout runs out: a
+        // Redis that stalls at shutdown and comes back within it still gets every release.
+        let give_up = tokio::time::Instant::now() + self.shutdown_timeout;
+        let releases = rights.iter().map(|right| async move {
             let lease = right.lease();
             if lease.holds_on() {
                 lease.extension_settled().await;
             }
-            self.store.release(lease.lease_ref()).await
+            release_before(self.store.as_ref(), lease.lease_ref(), give_up).await
         });
         let outcomes = tokio::time::timeout(
             self.shutdown_timeout,
@@ -172,12 +178,18 @@ impl Engine {
         .await;
         let total = rights.len();
         let mut failed = 0;
+        let mut last_error = None;
         for (i, right) in rights.into_iter().enumerate() {
             match &outcomes {
                 Ok(outcomes) if outcomes[i].is_ok() => right.disarm(),
                 // Dropped unconfirmed: retried in the background.
                 _ => {
                     failed += 1;
+                    if let Ok(outcomes) = &outcomes
+                        && let Err(error) = &outcomes[i]
+                    {
+                        last_error = Some(error.to_string());
+                    }
                     drop(right);
                 }
             }
@@ -185,11 +197,13 @@ impl Engine {
         if failed == 0 {
             return Ok(());
         }
+        let last_error = last_error.unwrap_or_else(|| "no answer".to_owned());
         Err(LockError::Redis {
             key: None,
             source: format!(
-                "{failed} of {total} releases not confirmed within the shutdown timeout of {:?}; \
-                 they are retried in the background and expire with their leases at the latest",
+                "{failed} of {total} releases not confirmed within the shutdown timeout of {:?} \
+                 (last: {last_error}); they are retried in the background and expire with their \
+                 leases at the latest",
                 self.shutdown_timeout
             )
             .into(),
@@ -270,6 +284,11 @@ impl Engine {
                 }
             }
         });
+    }
+
+    /// The longest any one request waits for its reply.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.response_timeout
     }
 
     pub(crate) fn held_leases(&self) -> usize {

@@ -16,8 +16,10 @@ pub enum LockError {
         /// The Redis key of the lock.
         key: String,
         /// How long a caller coming back now may wait, when known: the callers waiting ahead of
-        /// it, each served in the time the key's waiters have lately been served, the holder's
-        /// remaining lease when nothing is known of its waiters. A fair `Retry-After`.
+        /// it, each served in the time the key's waiters have lately been served, else the
+        /// holder's remaining lease (on Redlock, until a majority of the masters would be
+        /// free). A fair `Retry-After`. A call that fails fast learns it too, as does each
+        /// look of a waiting call. `None` when it could not be read (the look failed).
         retry_after: Option<std::time::Duration>,
     },
 
@@ -33,12 +35,15 @@ pub enum LockError {
         renewals: u32,
     },
 
-    /// The lease ended under the work: the key was found gone or replaced, or no extension was
-    /// confirmed before the local deadline (Redis paused or unreachable). The work was cancelled.
-    #[error("lock `{key}` was lost before the work finished; the work was cancelled")]
+    /// The lease ended under the work: the key was found taken by another owner or gone, or no
+    /// extension was confirmed before the local deadline (Redis paused or unreachable), as
+    /// `reason` says. The work was cancelled. Match it with `LockError::Lost { .. }`.
+    #[error("lock `{key}` was lost before the work finished ({reason}); the work was cancelled")]
     Lost {
         /// The Redis key of the lock.
         key: String,
+        /// What the lease's end was found to be.
+        reason: LostReason,
     },
 
     /// Redis could not be reached, did not answer in time, or answered with an error. When this
@@ -99,8 +104,11 @@ pub enum LockError {
         reason: &'static str,
     },
 
-    /// The lock's options cannot be used: a zero `ttl` or `permits`, a wait given at run time
-    /// that is zero. Checked before any I/O; the work never ran.
+    /// The lock's options cannot be used: a `ttl` that is zero, shorter than
+    /// [`MIN_TTL`](crate::MIN_TTL) or longer than [`MAX_TTL`](crate::MAX_TTL), a zero `wait` or
+    /// `hold_at_least`, zero `permits` (see [`LockOptions`](crate::LockOptions)'s validation),
+    /// fencing on Redlock, a reader asking for its own key's write lock. Checked before any
+    /// I/O; the work never ran.
     #[error("invalid lock options: {message}")]
     InvalidOptions {
         /// What is wrong and how to fix it.
@@ -113,6 +121,34 @@ pub enum LockError {
         /// What is wrong, with any password redacted.
         message: String,
     },
+}
+
+/// Why a lease was lost ([`LockError::Lost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// An extension found the key held by another owner (another token, or a value of another
+    /// kind): the lease had run out or was removed, and the key was taken again.
+    Taken,
+    /// An extension found the key gone, or no live hold of ours in it: it expired, was removed
+    /// (`force_release`, `lockmacro release --force`, a `DEL`, a flush), or a restart or failover
+    /// lost it.
+    Gone,
+    /// No extension was confirmed before the lease's local deadline: Redis was slow, paused or
+    /// unreachable. Whether the key is still there is unknown; it expires with its lease.
+    Unconfirmed,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Taken => "another owner holds it now",
+            Self::Gone => "the key was gone: expired, force-released, deleted, or lost to a restart or failover",
+            Self::Unconfirmed => {
+                "no renewal was confirmed before the lease ran out: Redis was slow or unreachable"
+            }
+        })
+    }
 }
 
 impl std::fmt::Debug for LockError {
@@ -131,7 +167,11 @@ impl std::fmt::Debug for LockError {
                 .field("key", key)
                 .field("renewals", renewals)
                 .finish(),
-            Self::Lost { key } => f.debug_struct("Lost").field("key", key).finish(),
+            Self::Lost { key, reason } => f
+                .debug_struct("Lost")
+                .field("key", key)
+                .field("reason", reason)
+                .finish(),
             Self::Redis { key, source } => {
                 let mut debug = f.debug_struct("Redis");
                 if let Some(key) = key {
@@ -181,7 +221,7 @@ impl LockError {
         match self {
             Self::Busy { key, .. }
             | Self::RenewalsExhausted { key, .. }
-            | Self::Lost { key }
+            | Self::Lost { key, .. }
             | Self::InvalidKey { key, .. }
             | Self::NoQuorum { key, .. }
             | Self::NotALock { key, .. }

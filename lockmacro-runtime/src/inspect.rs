@@ -194,8 +194,77 @@ fn acquired(value: &str, time_left: Duration) -> LockEvent {
     }
 }
 
-/// A boxed stream, as the inspection methods return.
-pub type LockStream<T> = Pin<Box<dyn Stream<Item = Result<T, LockError>> + Send + 'static>>;
+/// What [`LockClient::list`] and [`LockClient::watch`] return: a stream of results, read with
+/// [`next`](Self::next) (or [`try_next`](Self::try_next)) and no other crate. It is a
+/// `futures::Stream` too, for `StreamExt`'s adapters, `tokio_stream`, or axum's SSE.
+///
+/// ```no_run
+/// # async fn demo(locks: lockmacro_runtime::LockClient) -> Result<(), lockmacro_runtime::LockError> {
+/// let mut listed = locks.list("Business1");
+/// while let Some(lock) = listed.try_next().await? {
+///     println!("{} {:?}", lock.key(), lock.time_left());
+/// }
+/// # Ok(()) }
+/// ```
+#[must_use = "a stream does nothing unless it is read"]
+pub struct LockStream<T> {
+    inner: Pin<Box<dyn Stream<Item = Result<T, LockError>> + Send + 'static>>,
+}
+
+impl<T> LockStream<T> {
+    fn new(stream: impl Stream<Item = Result<T, LockError>> + Send + 'static) -> Self {
+        Self {
+            inner: Box::pin(stream),
+        }
+    }
+
+    /// The next item; `None` once the stream has ended.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: an item is taken from the stream only when the returned future completes.
+    pub async fn next(&mut self) -> Option<Result<T, LockError>> {
+        std::future::poll_fn(|cx| self.inner.as_mut().poll_next(cx)).await
+    }
+
+    /// The next item with the error first: `Ok(None)` once the stream has ended, for `?`.
+    ///
+    /// # Errors
+    /// The stream's next item, when it is an error.
+    pub async fn try_next(&mut self) -> Result<Option<T>, LockError> {
+        self.next().await.transpose()
+    }
+
+    /// Every item until the stream ends, for a listing known to be small (a
+    /// [`watch`](LockClient::watch) never ends); `list` a million locks with
+    /// [`try_next`](Self::try_next), one page in memory at a time.
+    ///
+    /// # Errors
+    /// The first item that is an error.
+    pub async fn try_collect(mut self) -> Result<Vec<T>, LockError> {
+        let mut items = Vec::new();
+        while let Some(item) = self.try_next().await? {
+            items.push(item);
+        }
+        Ok(items)
+    }
+}
+
+impl<T> Stream for LockStream<T> {
+    type Item = Result<T, LockError>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+impl<T> std::fmt::Debug for LockStream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockStream").finish_non_exhaustive()
+    }
+}
 
 impl LockClient {
     fn inspection(&self) -> Arc<dyn Store> {
@@ -239,12 +308,13 @@ impl LockClient {
     /// Every lock whose key starts with `prefix:` (`""`: every lock), never one of the
     /// library's internal keys. Scans incrementally (`SCAN … COUNT 1000`, on every master of a
     /// Cluster, on each Redlock master with each lock listed once, as the quorum sees it): one
-    /// page of keys is in memory at a time, so a million keys never are. Locks are in no
+    /// page of keys is in memory at a time, so a million keys never are. Each page's keys are
+    /// sorted out with pipelined plain reads (`GETRANGE`, and `HGET` of a hash's `kind`), so a
+    /// key that is no lock costs Redis no script; each lock costs one look. Locks are in no
     /// particular order; one taken or released during the scan may or may not be listed.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
-    /// use futures_util::TryStreamExt;
     /// use lockmacro_runtime::LockClient;
     ///
     /// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
@@ -271,7 +341,7 @@ impl LockClient {
             next: Some(Cursor::default()),
             page: VecDeque::new(),
         };
-        Box::pin(stream::unfold(listing, |mut listing| async move {
+        LockStream::new(stream::unfold(listing, |mut listing| async move {
             loop {
                 if let Some(found) = listing.page.pop_front() {
                     return Some((Ok(LockInfo::from_snapshot(found)), listing));
@@ -328,7 +398,6 @@ impl LockClient {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockmacro_runtime::LockError> {
-    /// use futures_util::TryStreamExt;
     /// use lockmacro_runtime::{LockClient, LockEvent};
     ///
     /// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
@@ -354,7 +423,7 @@ impl LockClient {
     pub fn watch(&self, key: &str) -> LockStream<LockEvent> {
         let key = match check_key(key.to_owned()) {
             Ok(key) => key,
-            Err(error) => return Box::pin(stream::iter([Err(error)])),
+            Err(error) => return LockStream::new(stream::iter([Err(error)])),
         };
         let watcher = Watcher {
             store: self.inspection(),
@@ -366,7 +435,7 @@ impl LockClient {
             look_now: true,
             failed: false,
         };
-        Box::pin(stream::unfold(watcher, |mut watcher| async move {
+        LockStream::new(stream::unfold(watcher, |mut watcher| async move {
             let next = watcher.next().await;
             Some((next, watcher))
         }))

@@ -146,12 +146,20 @@ impl Lease {
         self.state.record_end(end);
     }
 
-    /// Releases the lock with a compare-and-delete and waits for Redis to confirm it (bounded by
-    /// the client's response timeout). A key that is no longer ours is left untouched.
+    /// Releases the lock with a compare-and-delete and waits for Redis to confirm it, bounded
+    /// by the client's response timeout and by what is left of the lease: the key expires
+    /// with its lease anyway, so a caller never waits on a release past the lease's end. A key
+    /// that is no longer ours is left untouched.
+    ///
+    /// A lease that was lost (the key found gone or another's, or its deadline passed with no
+    /// renewal confirmed) has nothing of ours left to wait for: `Ok(())` at once, and a lease
+    /// past its deadline is still released in the background, in case the key is ours. A lease
+    /// whose renewals ran out is released as any other, so the next caller finds the key free.
     ///
     /// # Errors
-    /// [`LockError::Redis`] when Redis did not confirm; the release is then retried in the
-    /// background and the key expires at the latest at the end of its lease.
+    /// [`LockError::Redis`] when Redis answered with an error or not at all within the
+    /// response timeout, with lease left; the release is then retried in the background and the
+    /// key expires at the latest at the end of its lease.
     ///
     /// # Cancellation safety
     /// Dropping the returned future before Redis answered hands the release to the background,
@@ -163,9 +171,25 @@ impl Lease {
         let Some(right) = ReleaseRight::claim(state, &self.engine) else {
             return Ok(());
         };
+        if state.unconfirmed() {
+            // Lost at its deadline, Redis having confirmed no renewal in time: released in the
+            // background, the caller not held up by a Redis that does not answer.
+            drop(right);
+            return Ok(());
+        }
         // The right travels with the request: dropping this future before the answer, or an
         // error, releases in the background.
-        let deleted = self.engine.release(right).await?;
+        let release = self.engine.release(right);
+        let left = state.time_left();
+        let deleted = if !left.is_zero() && left < self.engine.response_timeout() {
+            // The lease ends before the request would time out: wait no longer than it lasts.
+            match tokio::time::timeout(left, release).await {
+                Ok(deleted) => deleted?,
+                Err(_) => return Ok(()),
+            }
+        } else {
+            release.await?
+        };
         if deleted {
             tracing::debug!(key = %state.key, "lock released");
         } else {

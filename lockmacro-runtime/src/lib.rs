@@ -48,6 +48,7 @@
 //! | the programmatic API | [`LockClient::run_locked`], [`LockClient::acquire`], [`Lease`]; several keys at once: [`LockClient::run_locked_many`], [`LockClient::acquire_many`] |
 //! | inside locked work | [`LockContext`] |
 //! | inspecting and managing locks | [`LockClient::inspect`], [`LockClient::list`], [`LockClient::force_release`], [`LockClient::watch`]; a live locks page to mount in an axum app: `axum::locks_page` (feature `axum`) |
+//! | operating it | [`LockClient::health`], [`LockClient::shutdown`] |
 //! | errors | [`LockError`] |
 //!
 //! # Features
@@ -83,6 +84,7 @@
 // Bottom: time, what a runtime offers, keys, options, errors, a lease's shared state.
 mod clock;
 mod error;
+mod health;
 mod key;
 mod metrics;
 mod options;
@@ -120,13 +122,14 @@ pub use builder::LockClientBuilder;
 pub use client::LockClient;
 pub use context::LockContext;
 pub use default_client::{default_client, set_default_client};
-pub use error::LockError;
+pub use error::{LockError, LostReason};
+pub use health::{Health, NodeHealth, NodeRole};
 pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL};
 pub use key::{MAX_KEY_LEN, MAX_KEYS};
 pub use lease::Lease;
 #[doc(inline)]
 pub use lockmacro::redis_lock;
-pub use options::{LockKind, LockOptions};
+pub use options::{LockKind, LockOptions, MAX_TTL, MIN_TTL};
 #[cfg(feature = "test-util")]
 pub use store::memory::MemoryHooks;
 pub use store::protocol;

@@ -1,8 +1,9 @@
 //! Metrics through the `metrics` facade (feature `metrics`); without the feature every function
 //! here is empty and compiled away.
 //!
-//! Labels are bounded: `prefix` is the attribute's prefix (or, for a programmatic key, the part
-//! before its first `:`, and `(none)` for a programmatic key without `:`), never the key. Durations are in seconds.
+//! Labels are bounded: `prefix` is the attribute's prefix, or for a programmatic key the label
+//! set with [`LockOptions::label`](crate::LockOptions::label), else `(none)`: never the key nor a
+//! part of it. Durations are in seconds.
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
@@ -11,7 +12,10 @@
 //! | `lockmacro_held_seconds` | histogram | `prefix`, `end` = `ok`, `err`, `cancelled`, `lost`, `exhausted`, `panic` |
 //! | `lockmacro_renewals_total` | counter | `prefix`, `result` = `ok`, `lost`, `failed` |
 //! | `lockmacro_releases_total` | counter | `prefix`, `result` = `confirmed`, `background`, `failed` |
-//! | `lockmacro_redis_seconds` | histogram | `op` = `acquire`, `extend`, `release` |
+//! | `lockmacro_redis_seconds` | histogram | `op` = `acquire` (every attempt, a waiter's too), `extend`, `release` (the caller's, the background's, the shutdown's; each attempt), `hand_over`, `subscribe` (a waiter's subscription to releases) |
+//! | `lockmacro_redis_errors_total` | counter | `op` as above: calls that failed (no answer, an error reply, no majority) |
+//! | `lockmacro_redlock_no_quorum_total` | counter | `op`: Redlock calls that no majority of the masters answered alike |
+//! | `lockmacro_redlock_splits_total` | counter | Redlock attempts that took some masters but not a majority while others found the key busy |
 //! | `lockmacro_leases` | gauge | `prefix` |
 //! | `lockmacro_waiters` | gauge | `prefix` |
 
@@ -23,28 +27,38 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub(crate) struct Prefix(#[cfg(feature = "metrics")] Arc<str>);
 
-/// The `prefix` label of a programmatic key that has no `:`.
+/// The `prefix` label of a programmatic key taken without [`LockOptions::label`](crate::LockOptions::label).
 #[cfg(feature = "metrics")]
 pub(crate) const NO_PREFIX: &str = "(none)";
 
 impl Prefix {
-    /// The attribute's prefix when known, else the key's part before its first `:`, else (a
-    /// programmatic key without `:`, such as `"nightly-report-2026-11-25"`) [`NO_PREFIX`]: the
-    /// key itself would be a label value per key, an unbounded series count.
-    pub(crate) fn of(given: Option<&'static str>, key: &str) -> Self {
+    /// The attribute's prefix or the label set on the options, else [`NO_PREFIX`]: never a
+    /// part of the key (`tenant0:order:3` would label by tenant, an unbounded series count).
+    pub(crate) fn of(given: Option<&'static str>) -> Self {
         #[cfg(feature = "metrics")]
-        return Self(Arc::from(given.unwrap_or_else(
-            || match key.split_once(':') {
-                Some((prefix, _)) => prefix,
-                None => NO_PREFIX,
-            },
-        )));
+        return Self(Arc::from(given.unwrap_or(NO_PREFIX)));
         #[cfg(not(feature = "metrics"))]
         {
-            let _ = (given, key);
+            let _ = given;
             Self()
         }
     }
+}
+
+/// How a call to the deployment ended, for `lockmacro_redis_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) enum Failure {
+    /// No answer, or an error reply.
+    Redis,
+    /// Redlock: no majority of the masters answered alike.
+    NoQuorum,
+}
+
+/// What a call to the deployment answered: its failure, if it failed.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) trait Answer {
+    fn failure(&self) -> Option<Failure>;
 }
 
 /// How a lease's work ended.
@@ -81,7 +95,7 @@ mod recorded {
         Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
     };
 
-    use super::{End, Prefix};
+    use super::{End, Failure, Prefix};
 
     /// Describes every metric, once per process.
     pub(crate) fn describe() {
@@ -115,7 +129,22 @@ mod recorded {
             describe_histogram!(
                 "lockmacro_redis_seconds",
                 Unit::Seconds,
-                "Time of the calls to the deployment, by operation: acquire, extend, release."
+                "Time of the calls to the deployment, by operation: acquire, extend, release, hand_over, subscribe."
+            );
+            describe_counter!(
+                "lockmacro_redis_errors_total",
+                Unit::Count,
+                "Calls to the deployment that failed (no answer, an error reply, no majority), by operation."
+            );
+            describe_counter!(
+                "lockmacro_redlock_no_quorum_total",
+                Unit::Count,
+                "Redlock calls that no majority of the masters answered alike, by operation."
+            );
+            describe_counter!(
+                "lockmacro_redlock_splits_total",
+                Unit::Count,
+                "Redlock attempts that took some masters but not a majority while others found the key busy."
             );
             describe_gauge!("lockmacro_leases", Unit::Count, "Leases held right now.");
             describe_gauge!("lockmacro_waiters", Unit::Count, "Calls waiting for a lock right now.");
@@ -148,8 +177,19 @@ mod recorded {
             .increment(1);
     }
 
-    pub(crate) fn redis_call(op: &'static str, took: Duration) {
+    pub(crate) fn redis_call(op: &'static str, took: Duration, failure: Option<Failure>) {
         histogram!("lockmacro_redis_seconds", "op" => op).record(took);
+        if let Some(failure) = failure {
+            counter!("lockmacro_redis_errors_total", "op" => op).increment(1);
+            if failure == Failure::NoQuorum {
+                counter!("lockmacro_redlock_no_quorum_total", "op" => op).increment(1);
+            }
+        }
+    }
+
+    /// A Redlock attempt split the masters: some taken, not a majority, others busy.
+    pub(crate) fn redlock_split() {
+        counter!("lockmacro_redlock_splits_total").increment(1);
     }
 
     pub(crate) fn leases(prefix: &Prefix, change: f64) {
@@ -176,16 +216,18 @@ mod recorded {
     pub(crate) fn release(_: &Prefix, _: &'static str) {}
     pub(crate) fn leases(_: &Prefix, _: f64) {}
     pub(crate) fn waiters(_: &Prefix, _: f64) {}
+    pub(crate) fn redlock_split() {}
 }
 
 pub(crate) use recorded::*;
 
-/// Times `call` as one `lockmacro_redis_seconds` sample of `op`.
+/// Times `call` as one `lockmacro_redis_seconds` sample of `op`, and counts it in
+/// `lockmacro_redis_errors_total` when it failed.
 #[cfg(feature = "metrics")]
-pub(crate) async fn timed<T>(op: &'static str, call: impl Future<Output = T>) -> T {
+pub(crate) async fn timed<T: Answer>(op: &'static str, call: impl Future<Output = T>) -> T {
     let started = tokio::time::Instant::now();
     let answer = call.await;
-    redis_call(op, started.elapsed());
+    redis_call(op, started.elapsed(), answer.failure());
     answer
 }
 

@@ -2,6 +2,16 @@
 
 use std::time::Duration;
 
+use crate::error::LockError;
+
+/// The shortest lease: a `ttl` must outlast its drift margin (ttl/100 + 2 ms, taken off every
+/// lease), or the lease would end before it began.
+pub const MIN_TTL: Duration = Duration::from_millis(3);
+
+/// The longest `ttl` or `hold_at_least`: a year. Longer is no lease but a key kept for good,
+/// and past what every platform's clock and Redis's expiry arithmetic can add.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// How a lock is taken and kept. Built with `const fn`s, so options can live in a `const`.
 ///
 /// ```
@@ -13,6 +23,24 @@ use std::time::Duration;
 ///     .unlimited_renewals();
 /// assert_eq!(NIGHTLY_JOB.ttl_duration(), Duration::from_secs(10));
 /// ```
+///
+/// # Validation
+///
+/// The builders store what they are given; a locked call checks the options before any I/O
+/// and refuses what the attribute refuses, with [`LockError::InvalidOptions`] (the work never
+/// runs):
+///
+/// - `ttl` between [`MIN_TTL`] (3 ms, so that the lease outlasts its drift margin) and
+///   [`MAX_TTL`] (a year); zero is refused, as `ttl = 0` is a compile error;
+/// - `wait`, when set, not zero: to fail fast, leave `wait` out;
+/// - `hold_at_least`, when set, not zero and at most [`MAX_TTL`]: to free the key at release,
+///   leave it out;
+/// - `permits` at least 1;
+/// - over several keys ([`LockClient::run_locked_many`](crate::LockClient::run_locked_many)):
+///   exclusive, unfenced and not fair.
+///
+/// A call that finds the lock busy gets [`LockError::Busy`] with `retry_after`, how long the
+/// holder's lease had left when last seen, whether it waited or failed fast.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockOptions {
     pub(crate) ttl: Duration,
@@ -23,7 +51,7 @@ pub struct LockOptions {
     pub(crate) fair: bool,
     /// The key is not freed before this long after it was taken (`hold_at_least`).
     pub(crate) hold_at_least: Option<Duration>,
-    /// The attribute's prefix, for the metrics' `prefix` label (else the key's first part).
+    /// The metrics' `prefix` label: the attribute's prefix, or [`label`](Self::label).
     pub(crate) label: Option<&'static str>,
 }
 
@@ -74,13 +102,10 @@ impl LockOptions {
         }
     }
 
-    /// Lease length: how long the key lives in Redis unless extended. A zero ttl is raised to 1 ms.
+    /// Lease length: how long the key lives in Redis unless extended (default 30 s), from
+    /// [`MIN_TTL`] to [`MAX_TTL`]; anything else is refused when the lock is taken.
     pub const fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = if ttl.is_zero() {
-            Duration::from_millis(1)
-        } else {
-            ttl
-        };
+        self.ttl = ttl;
         self
     }
 
@@ -96,7 +121,9 @@ impl LockOptions {
         self
     }
 
-    /// Wait up to `wait` for a busy lock instead of failing fast.
+    /// Wait up to `wait` for a busy lock instead of failing fast. Zero is refused when the lock
+    /// is taken (as `wait = 0` is by the attribute): to fail fast, leave `wait` out.
+    /// `Duration::MAX` waits for as long as it takes.
     pub const fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -138,10 +165,71 @@ impl LockOptions {
     /// sent, instead of deleting it (longer than the ttl if need be). The key keeps its holder's
     /// token meanwhile; nothing is announced and nothing handed over, so waiters wait it out as
     /// they wait out a lease. A release after `hold` deletes as usual. A shared lock's holder
-    /// (`read`, `permits`) keeps its place in the key until then. Zero turns it off.
+    /// (`read`, `permits`) keeps its place in the key until then. Zero, or more than
+    /// [`MAX_TTL`], is refused when the lock is taken (as `hold_at_least = 0` is by the
+    /// attribute): to free the key at release, leave it out.
     pub const fn hold_at_least(mut self, hold: Duration) -> Self {
-        self.hold_at_least = if hold.is_zero() { None } else { Some(hold) };
+        self.hold_at_least = Some(hold);
         self
+    }
+
+    /// The `prefix` label of this lock's metrics (feature `metrics`), for a key taken through
+    /// the programmatic API: a bounded name such as `"invoices"`, never a part of the key that
+    /// varies (a tenant, an id), since each label value is a time series of its own. Without
+    /// it a programmatic key's label is `(none)`; the attribute labels with its `prefix`.
+    pub const fn label(mut self, label: &'static str) -> Self {
+        self.label = Some(label);
+        self
+    }
+
+    /// Refuses, before any I/O, what a lock cannot be taken with (see [Validation](Self#validation)).
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        let refused = |message: String| Err(LockError::InvalidOptions { message });
+        if self.ttl.is_zero() {
+            return refused(
+                "`ttl` is zero; give the lease a positive length, such as `Duration::from_secs(30)`"
+                    .into(),
+            );
+        }
+        if self.ttl < MIN_TTL {
+            return refused(format!(
+                "`ttl` of {:?} is shorter than {MIN_TTL:?}: the drift margin taken off every lease \
+                 (ttl/100 + 2 ms) would leave it no time at all; give a longer lease",
+                self.ttl
+            ));
+        }
+        if self.ttl > MAX_TTL {
+            return refused(format!(
+                "`ttl` of {:?} is longer than a lease may be ({MAX_TTL:?}); keep leases short \
+                 and let `max_renewals` (or `unlimited_renewals`) extend them",
+                self.ttl
+            ));
+        }
+        if self.wait.is_some_and(|wait| wait.is_zero()) {
+            return refused(
+                "`wait` is zero; to fail fast when the lock is busy, leave `wait` out".into(),
+            );
+        }
+        match self.hold_at_least {
+            Some(hold) if hold.is_zero() => {
+                return refused(
+                    "`hold_at_least` is zero; to free the key at release, leave `hold_at_least` out"
+                        .into(),
+                );
+            }
+            Some(hold) if hold > MAX_TTL => {
+                return refused(format!(
+                    "`hold_at_least` of {hold:?} is longer than {MAX_TTL:?}, the longest a key is kept"
+                ));
+            }
+            _ => {}
+        }
+        if self.kind == LockKind::Permits(0) {
+            return refused(
+                "`permits` must be at least 1: a semaphore of no permits is never free".into(),
+            );
+        }
+        Ok(())
     }
 
     /// Who may hold the key at the same time.

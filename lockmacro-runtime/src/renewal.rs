@@ -281,10 +281,10 @@ async fn renew(shared: &Shared, due: &[Arc<LeaseState>]) {
                     "lock lease renewed"
                 );
             }
-            Renewal::Lost => {
+            Renewal::Lost(reason) => {
                 metrics::renewal(&lease.prefix, "lost");
-                tracing::warn!(key = %lease.key, "lock lost: key gone or held by another owner at renewal");
-                lease.mark_lost();
+                tracing::warn!(key = %lease.key, %reason, "lock lost at renewal");
+                lease.mark_lost(reason);
             }
             Renewal::Failed(error) => {
                 metrics::renewal(&lease.prefix, "failed");
@@ -328,7 +328,9 @@ fn per_lease(due: &[Arc<LeaseState>], outcomes: Vec<Renewal>) -> Vec<Renewal> {
                 .by_ref()
                 .take(keys)
                 .reduce(|all, one| match (all, one) {
-                    (Renewal::Lost, _) | (_, Renewal::Lost) => Renewal::Lost,
+                    (Renewal::Lost(reason), _) | (_, Renewal::Lost(reason)) => {
+                        Renewal::Lost(reason)
+                    }
                     (Renewal::Failed(error), _) | (_, Renewal::Failed(error)) => {
                         Renewal::Failed(error)
                     }

@@ -4,14 +4,18 @@
 //! watchdog can record an extension while the holder reads its deadline.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::clock;
-use crate::error::LockError;
+use crate::error::{LockError, LostReason};
+
+/// [`LeaseState::mark_lost`]'s codes.
+const LOST_TAKEN: u8 = 1;
+const LOST_GONE: u8 = 2;
 use crate::metrics::{self, End, Prefix};
 use crate::options::{LockKind, LockOptions};
 use crate::store::LeaseRef;
@@ -52,8 +56,9 @@ pub(crate) struct LeaseState {
     retry_at: AtomicU64,
     /// Consecutive failed extensions, for the backoff.
     failures: AtomicU32,
-    /// An extension found the key gone or holding another token.
-    lost: AtomicBool,
+    /// An extension found the key gone or holding another token: [`LOST_TAKEN`] or
+    /// [`LOST_GONE`], 0 while not lost.
+    lost: AtomicU8,
     /// The guard is gone: an extension still in flight has nothing to report to.
     finished: AtomicBool,
     /// The client was shut down under it.
@@ -76,7 +81,7 @@ impl LeaseState {
         fencing_token: Option<u64>,
         sent_at: u64,
     ) -> Self {
-        let prefix = Prefix::of(options.label, &key);
+        let prefix = Prefix::of(options.label);
         Self {
             id,
             engine_id,
@@ -101,7 +106,7 @@ impl LeaseState {
             extending: AtomicBool::new(false),
             retry_at: AtomicU64::new(0),
             failures: AtomicU32::new(0),
-            lost: AtomicBool::new(false),
+            lost: AtomicU8::new(0),
             finished: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             release_claimed: AtomicBool::new(false),
@@ -200,7 +205,7 @@ impl LeaseState {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lost.load(Ordering::Acquire) != 0
     }
 
     /// When the watchdog wants to extend it next (nanos): a third through, or after a failure,
@@ -247,9 +252,13 @@ impl LeaseState {
         self.finished.load(Ordering::Acquire)
     }
 
-    /// The key was found gone or replaced: stop the work now.
-    pub(crate) fn mark_lost(&self) {
-        self.lost.store(true, Ordering::Release);
+    /// The key was found gone or replaced (`reason`): stop the work now.
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        let code = match reason {
+            LostReason::Taken => LOST_TAKEN,
+            _ => LOST_GONE,
+        };
+        self.lost.store(code, Ordering::Release);
         self.cancel_work();
     }
 
@@ -293,20 +302,30 @@ impl LeaseState {
         self.release_claimed.store(false, Ordering::Release);
     }
 
+    /// Whether it ended at its deadline with renewals left and no renewal confirmed in time:
+    /// lost to a Redis that did not answer ([`LostReason::Unconfirmed`]).
+    pub(crate) fn unconfirmed(&self) -> bool {
+        !self.is_lost() && self.renewals_left() && self.deadline_nanos() <= clock::now()
+    }
+
     /// The error that ends work cut short by this lease.
     pub(crate) fn ending_error(&self) -> LockError {
         let key = self.key.clone();
         if self.shut_down.load(Ordering::Acquire) {
             return LockError::ShutDown { key };
         }
-        if !self.is_lost() && !self.renewals_left() {
-            LockError::RenewalsExhausted {
-                key,
-                renewals: self.renewals(),
+        let reason = match self.lost.load(Ordering::Acquire) {
+            LOST_TAKEN => LostReason::Taken,
+            LOST_GONE => LostReason::Gone,
+            _ if !self.renewals_left() => {
+                return LockError::RenewalsExhausted {
+                    key,
+                    renewals: self.renewals(),
+                };
             }
-        } else {
-            LockError::Lost { key }
-        }
+            _ => LostReason::Unconfirmed,
+        };
+        LockError::Lost { key, reason }
     }
 }
 

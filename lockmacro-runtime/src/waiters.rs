@@ -613,7 +613,7 @@ impl Listener {
                 let Some(feed) = self.feed.as_mut() else {
                     return;
                 };
-                match feed.watch(&key).await {
+                match metrics::timed("subscribe", feed.watch(&key)).await {
                     Ok(()) => {
                         waiters.hearing.send_replace(Hearing::Heard);
                     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use lockmacro_runtime::{LockContext, LockError, LockOptions, MAX_KEYS, protocol};
+use lockmacro_runtime::{LockContext, LockError, LockOptions, LostReason, MAX_KEYS, protocol};
 use testkit::Deployment;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -168,7 +168,7 @@ pub async fn losing_one_key_loses_the_whole_lock(deployment: &impl Deployment) {
         .expect("the holder hears of the loss at its next renewal")
         .unwrap();
     assert!(
-        matches!(&outcome, Err(LockError::Lost { key }) if key == "lose:1"),
+        matches!(&outcome, Err(LockError::Lost { key, reason: LostReason::Taken }) if key == "lose:1"),
         "{outcome:?}"
     );
     assert_eq!(deployment.holder("lose:2").await, Some(other_owner));

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use lockmacro_runtime::{LockClient, LockContext, LockError, LockInfo, LockOptions, protocol};
+use lockmacro_runtime::{
+    LockClient, LockContext, LockError, LockInfo, LockOptions, LostReason, protocol,
+};
 use testkit::{Deployment, Foreign};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -253,7 +255,7 @@ pub async fn lost_when_the_key_is_replaced_and_the_new_owner_keeps_it(
         .expect("the holder hears of the loss at its next renewal")
         .unwrap();
     assert!(
-        matches!(outcome, Err(LockError::Lost { ref key }) if key == "pay:2"),
+        matches!(outcome, Err(LockError::Lost { ref key, reason: LostReason::Taken }) if key == "pay:2"),
         "{outcome:?}"
     );
     assert_eq!(deployment.holder("pay:2").await, Some(other_owner));
@@ -921,7 +923,6 @@ pub async fn fenced_waiters_of_one_client_follow_each_other_at_once(deployment: 
 async fn next_event(
     events: &mut lockmacro_runtime::LockStream<lockmacro_runtime::LockEvent>,
 ) -> Seen {
-    use futures_util::StreamExt;
     let event = tokio::time::timeout(Duration::from_secs(10), events.next())
         .await
         .expect("an event within 10 s")
@@ -1030,7 +1031,6 @@ pub async fn inspect_shows_holders_time_left_fencing_and_waiters(deployment: &im
 
 /// `list`: every lock under a prefix, each once, never an internal key.
 pub async fn list_shows_every_lock_under_a_prefix_once(deployment: &impl Deployment) {
-    use futures_util::TryStreamExt;
     let locks = deployment.client().await;
     let fencing = deployment.offers_fencing();
     let mut held = Vec::new();
@@ -1120,6 +1120,37 @@ pub async fn force_release_wakes_the_waiter_and_the_holder_loses(deployment: &im
     assert!(locks.force_release("batch:2").await.unwrap());
     assert_eq!(locks.inspect("batch:2").await.unwrap(), None);
     drop(readers);
+}
+
+/// `Lost` says what was found: a key removed from under its holder is `Gone` (one another
+/// owner took is `Taken`: `lost_when_the_key_is_replaced_and_the_new_owner_keeps_it`), and the
+/// lost lease's release is `Ok(())` with nothing left to do.
+pub async fn lost_says_the_key_was_gone_when_it_was_removed(deployment: &impl Deployment) {
+    let locks = deployment.client().await;
+    let held = locks
+        .acquire("gone:1", opts(900).unlimited_renewals())
+        .await
+        .unwrap();
+    assert!(locks.force_release("gone:1").await.unwrap(), "it was held");
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(3),
+        held.run(std::future::pending::<()>()),
+    )
+    .await
+    .expect("the holder hears of the loss at its next renewal");
+    match outcome {
+        Err(
+            error @ LockError::Lost {
+                reason: LostReason::Gone,
+                ..
+            },
+        ) => {
+            assert!(error.to_string().contains("the key was gone"), "{error}");
+        }
+        other => panic!("expected Lost (gone), got {other:?}"),
+    }
+    held.release().await.expect("a lost lease's release is Ok");
+    assert_eq!(deployment.holder("gone:1").await, None);
 }
 
 /// `force_release` of a fair lock: the queue stays, and its waiters are served in order.
@@ -1235,7 +1266,6 @@ pub async fn watch_reports_every_holder_and_release(deployment: &impl Deployment
 /// Issue 28's regression: `watch` reports every hold that ends in a release, even one that
 /// begins and ends between two of its looks with nobody waiting for the key.
 pub async fn watch_sees_holds_shorter_than_its_poll(deployment: &impl Deployment) {
-    use futures_util::StreamExt;
     use lockmacro_runtime::LockEvent;
     let locks = deployment.client().await;
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
@@ -1657,7 +1687,6 @@ async fn an_exclusive_waiter_elsewhere_gets_in_at_the_holds_end(
 /// Waiters are the callers waiting, each counted once (eight callers of one client are eight),
 /// and a watch is no waiter.
 pub async fn waiters_are_the_callers_waiting_never_a_watch(deployment: &impl Deployment) {
-    use futures_util::StreamExt;
     let locks = deployment.client().await;
     let held = locks.acquire("counted:1", opts(30_000)).await.unwrap();
     let mut watch = deployment.another_client().await.watch("counted:1");

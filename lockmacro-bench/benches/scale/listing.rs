@@ -9,7 +9,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use lockmacro_runtime::LockClient;
 use serde_json::{Value, json};
 use testkit::RedisServer;

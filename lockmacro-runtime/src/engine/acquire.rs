@@ -10,7 +10,7 @@ use super::{Engine, Waited, new_token, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
 use crate::metrics::{self, Prefix};
-use crate::options::{LockKind, LockOptions};
+use crate::options::LockOptions;
 use crate::right::ReleaseRight;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
@@ -46,7 +46,7 @@ impl Engine {
         key: String,
         options: &LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        let prefix = Prefix::of(options.label, &key);
+        let prefix = Prefix::of(options.label);
         // Read only for a wait's metrics: a clock read is not free.
         let started = options.wait.map(|_| Instant::now());
         let taken = self.take(key, options).await;
@@ -72,7 +72,7 @@ impl Engine {
         options: &LockOptions,
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         rt::require(Driver::Time)?;
-        check(options)?;
+        options.validate()?;
         self.shut(&key)?;
         self.background.ensure_running();
         let (lease, waited) = self.acquire_or_wait(key, options).await?;
@@ -180,15 +180,5 @@ impl Engine {
             ttl.saturating_sub(clock::drift(ttl))
                 .max(Duration::from_millis(1)),
         )
-    }
-}
-
-/// Options that can only be refused at run time.
-pub(super) fn check(options: &LockOptions) -> Result<(), LockError> {
-    match options.kind {
-        LockKind::Permits(0) => Err(LockError::InvalidOptions {
-            message: "`permits` must be at least 1: a semaphore of no permits is never free".into(),
-        }),
-        _ => Ok(()),
     }
 }

@@ -39,7 +39,7 @@ impl Engine {
         keys: Vec<String>,
         options: &LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        let prefix = Prefix::of(options.label, &keys[0]);
+        let prefix = Prefix::of(options.label);
         let started = Instant::now();
         let taken = self.take_many(keys, options).await;
         let outcome = match &taken {
@@ -207,7 +207,7 @@ impl Engine {
                 expecting = None;
                 ticket = None;
                 tracing::debug!(key = %busy, "one of the locks is busy; waiting for its release");
-                let prefix = Prefix::of(options.label, busy);
+                let prefix = Prefix::of(options.label);
                 let joined = ticket.insert(self.waits.join(busy, true, prefix));
                 let heard = tokio::select! {
                     heard = joined.subscribed(left) => heard,
@@ -254,6 +254,7 @@ impl Engine {
 
 /// What a lock over several keys can be: exclusive, unfenced, not fair.
 fn check_many(options: &LockOptions) -> Result<(), LockError> {
+    options.validate()?;
     let refused = if options.kind != LockKind::Exclusive {
         "a lock over several keys is exclusive; `mode = read` and `permits` take one key"
     } else if options.fencing {

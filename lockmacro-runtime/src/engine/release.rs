@@ -71,7 +71,7 @@ impl Engine {
         };
         tracing::debug!(key = %lease.key, "handing the lock to the next waiter of this client");
         let sent_at = clock::now();
-        let outcome = metrics::timed("release", store.hand_over(lease.lease_ref(), to)).await;
+        let outcome = metrics::timed("hand_over", store.hand_over(lease.lease_ref(), to)).await;
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(error) => {

@@ -145,11 +145,7 @@ impl Engine {
             // back would otherwise take the lock again and again). A release wakes the longest
             // parked first; a short poll covers a queue that has nobody left to release.
             waited = Waited::Yes;
-            let joined = ticket.insert(self.waits.join(
-                &key,
-                false,
-                Prefix::of(options.label, &key),
-            ));
+            let joined = ticket.insert(self.waits.join(&key, false, Prefix::of(options.label)));
             let heard = joined.releases_heard();
             let turn = polls
                 .next_delay()
@@ -224,7 +220,7 @@ impl Engine {
                     // Readers can all go in at once, and a fair queue's head may be anyone:
                     // every such waiter looks at each release, not just one.
                     let everyone = options.fair || options.kind != LockKind::Exclusive;
-                    let prefix = Prefix::of(options.label, &key);
+                    let prefix = Prefix::of(options.label);
                     let joined = ticket.insert(self.waits.join(&key, everyone, prefix));
                     let heard = tokio::select! {
                         heard = joined.subscribed(left) => heard,

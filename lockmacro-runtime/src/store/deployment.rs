@@ -106,13 +106,15 @@ impl Deployment {
                 )
             }
             Self::Redlock(urls) => {
-                let masters = urls
+                let clients = urls
                     .iter()
-                    .map(|url| {
-                        let client = redis_client(url, tls_root.clone())?;
-                        Ok(RedisStore::server(Source::Direct(client), settings.clone()))
-                    })
+                    .map(|url| redis_client(url, tls_root.clone()))
                     .collect::<Result<Vec<_>, LockError>>()?;
+                refuse_repeated_masters(urls, &clients)?;
+                let masters = clients
+                    .into_iter()
+                    .map(|client| RedisStore::server(Source::Direct(client), settings.clone()))
+                    .collect();
                 Arc::new(
                     RedlockStore::new(masters, settings)
                         .map_err(|message| LockError::Config { message })?,
@@ -120,6 +122,33 @@ impl Deployment {
             }
         })
     }
+}
+
+/// Redlock's masters must be independent: the same server (address and database) given twice
+/// would count as two votes, and one lock taken there as two masters' (a free key then read as
+/// `Busy`).
+fn refuse_repeated_masters(urls: &[String], clients: &[redis::Client]) -> Result<(), LockError> {
+    let server = |client: &redis::Client| {
+        let info = client.get_connection_info();
+        format!("{}/{}", info.addr(), info.redis_settings().db())
+    };
+    for (at, client) in clients.iter().enumerate() {
+        if let Some(first) = clients[..at]
+            .iter()
+            .position(|earlier| server(earlier) == server(client))
+        {
+            return Err(LockError::Config {
+                message: format!(
+                    "Redlock needs independent masters, but `{}` and `{}` are the same server \
+                     ({}); give each master once",
+                    redact(&urls[first]),
+                    redact(&urls[at]),
+                    server(client)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Where the master is: at `url`, or wherever the sentinels `url` names say.
@@ -187,15 +216,51 @@ fn invalid(url: &str, why: String) -> LockError {
     }
 }
 
-/// The URL with any password replaced by `***`, safe to print.
+/// The URL with any password replaced by `***`, safe to print. A URL `url` cannot read (the
+/// hosts list of a Sentinel URL, `h1:26379,h2:26379`) is shown as given, its user part cut at
+/// the last `@` before the path and its password redacted there.
 fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
-            }
-            parsed.to_string()
+    if let Ok(mut parsed) = url::Url::parse(url) {
+        if parsed.password().is_some() {
+            let _ = parsed.set_password(Some("***"));
         }
-        Err(_) => "<malformed url>".to_owned(),
+        return parsed.to_string();
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<malformed url>".to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => userinfo.to_owned(),
+            };
+            format!("{scheme}://{user}@{hosts}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_passwords_also_in_urls_of_several_hosts() {
+        assert_eq!(
+            redact("redis://me:secret@h1:6379/2"),
+            "redis://me:***@h1:6379/2"
+        );
+        assert_eq!(
+            redact("redis+sentinel://:s%40cret@h1:26379,h2:26379/service"),
+            "redis+sentinel://:***@h1:26379,h2:26379/service"
+        );
+        assert_eq!(
+            redact("redis+sentinel://h1:26379,h2:26379/service/1"),
+            "redis+sentinel://h1:26379,h2:26379/service/1"
+        );
+        assert_eq!(redact("nonsense"), "<malformed url>");
     }
 }

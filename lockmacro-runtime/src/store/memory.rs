@@ -24,6 +24,8 @@ use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, LeaseRef, ManyRequest, Page,
     ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
 };
+use crate::error::LostReason;
+use crate::health::{Health, NodeHealth, NodeRole};
 use crate::options::LockKind;
 
 /// One store: clones share it.
@@ -612,6 +614,22 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn health(&self) -> BoxFuture<'_, Health> {
+        Box::pin(async move {
+            let node = match self.injected_failure() {
+                Ok(()) => NodeHealth::answered("in memory", NodeRole::Server, Duration::ZERO),
+                Err(error) => NodeHealth::silent("in memory", NodeRole::Server, error),
+            };
+            let ready = node.answers();
+            let verdict = if ready {
+                "the store answers"
+            } else {
+                "the store fails (injected)"
+            };
+            Health::new("in memory", ready, verdict, vec![node])
+        })
+    }
+
     fn acquire<'a>(
         &'a self,
         request: AcquireRequest<'a>,
@@ -732,8 +750,9 @@ impl Store for MemoryStore {
                         holders.insert(lease.value.to_owned(), now + lease.ttl);
                         Renewal::Extended
                     }
-                    // Gone or another owner's: never re-created.
-                    _ => Renewal::Lost,
+                    // Another owner's, or gone: never re-created.
+                    Some(Held::Exclusive { .. }) => Renewal::Lost(LostReason::Taken),
+                    _ => Renewal::Lost(LostReason::Gone),
                 })
                 .collect()
         })

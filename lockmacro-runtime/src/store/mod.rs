@@ -16,7 +16,9 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::clock::Backoff;
-use crate::error::LockError;
+use crate::error::{LockError, LostReason};
+use crate::health::Health;
+use crate::metrics;
 use crate::options::LockKind;
 
 mod deployment;
@@ -113,6 +115,9 @@ pub(crate) trait Store: Send + Sync + 'static {
 
     /// Removes every holder of `key` and announces it: `true` when there was one.
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Every server asked with a `PING`, bounded by the connect and response timeouts.
+    fn health(&self) -> BoxFuture<'_, Health>;
 }
 
 /// Release announcements for the keys being waited for.
@@ -370,8 +375,8 @@ impl OwnedLease {
 pub(crate) enum Renewal {
     /// Still ours; the lease runs a new ttl from the attempt's send time.
     Extended,
-    /// Gone or held by another token (or replaced by a value of another type).
-    Lost,
+    /// Gone, or held by another token (or replaced by a value of another type): which.
+    Lost(LostReason),
     /// No answer: unknown; retried before the lease's deadline.
     Failed(StoreError),
 }
@@ -425,6 +430,36 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// What the metrics count it as: nothing for a caller that could not use the deployment.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn failure(&self) -> Option<metrics::Failure> {
+        match self {
+            Self::Unavailable(_) => Some(metrics::Failure::Redis),
+            Self::NoQuorum { .. } => Some(metrics::Failure::NoQuorum),
+            Self::Unusable(_) => None,
+        }
+    }
+}
+
+impl<T> metrics::Answer for Result<T, StoreError> {
+    fn failure(&self) -> Option<metrics::Failure> {
+        self.as_ref().err().and_then(StoreError::failure)
+    }
+}
+
+/// A renewal batch failed when any of its leases got no answer.
+impl metrics::Answer for Vec<Renewal> {
+    fn failure(&self) -> Option<metrics::Failure> {
+        self.iter()
+            .filter_map(|renewal| match renewal {
+                Renewal::Failed(error) => error.failure(),
+                _ => None,
+            })
+            .max_by_key(|failure| *failure == metrics::Failure::NoQuorum)
+    }
+}
+
 impl From<LockError> for StoreError {
     fn from(error: LockError) -> Self {
         Self::Unusable(Arc::new(error))
@@ -474,20 +509,36 @@ impl Error for Shared {
 pub(crate) async fn release_until_settled(store: &dyn Store, lease: LeaseRef<'_>) -> Option<bool> {
     // A release that keeps the key (`hold_at_least`) is still worth sending while the hold runs.
     let give_up = tokio::time::Instant::now() + lease.ttl.max(lease.kept_for().unwrap_or_default());
+    match release_before(store, lease, give_up).await {
+        Ok(deleted) => {
+            tracing::debug!(key = %lease.key, deleted, "lock released in the background");
+            Some(deleted)
+        }
+        Err(error) => {
+            tracing::warn!(key = %lease.key, error = %error, "background release gave up; the key expires with its lease");
+            None
+        }
+    }
+}
+
+/// Sends a compare-and-delete, again with backoff after each failure, until the store answers
+/// it: whether our lease was removed. The last failure once no attempt is left before
+/// `give_up` (an attempt in flight then still runs to its response timeout).
+pub(crate) async fn release_before(
+    store: &dyn Store,
+    lease: LeaseRef<'_>,
+    give_up: tokio::time::Instant,
+) -> Result<bool, StoreError> {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     loop {
-        match store.release(lease).await {
-            Ok(deleted) => {
-                tracing::debug!(key = %lease.key, deleted, "lock released in the background");
-                return Some(deleted);
-            }
+        match metrics::timed("release", store.release(lease)).await {
+            Ok(deleted) => return Ok(deleted),
             Err(error) => {
                 let pause = backoff.next_delay();
                 if tokio::time::Instant::now() + pause >= give_up {
-                    tracing::warn!(key = %lease.key, error = %error, "background release gave up; the key expires with its lease");
-                    return None;
+                    return Err(error);
                 }
-                tracing::debug!(key = %lease.key, error = %error, retry_in = ?pause, "background release failed; retrying");
+                tracing::debug!(key = %lease.key, error = %error, retry_in = ?pause, "lock release failed; retrying");
                 tokio::time::sleep(pause).await;
             }
         }
@@ -536,6 +587,58 @@ impl Unreachable {
                 ""
             },
         })
+    }
+}
+
+/// A connection that the server at `server` answered, but refused or could not be understood
+/// on: each says what to check. Made by [`Unreachable::connecting`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error(
+        "authentication to {server} failed: it refused the user and password of the URL ({reason}); \
+         check them (`redis://user:password@host:port`, or `redis://:password@host:port` for the \
+         default user)"
+    )]
+    WrongPassword { server: String, reason: String },
+    #[error(
+        "{server} requires a password (NOAUTH: authentication required) and the URL gives none: \
+         add it, `redis://:password@host:port`, or `redis://user:password@host:port` for an ACL user"
+    )]
+    NoPassword { server: String },
+    #[error(
+        "{server} does not speak RESP, the protocol of Redis: its answer could not be read \
+         ({first_line}); is this the port of a Redis or Valkey server?"
+    )]
+    NotRedis { server: String, first_line: String },
+}
+
+impl Unreachable {
+    /// The error of a connection to `server` that failed with `err`: refused credentials, a
+    /// missing password and a peer that does not speak RESP say so (they are no network
+    /// failure); anything else is [`Unreachable`], `tls` telling that the connection used TLS.
+    pub(crate) fn connecting(
+        server: impl fmt::Display,
+        tls: bool,
+        err: ::redis::RedisError,
+    ) -> StoreError {
+        let server = server.to_string();
+        let text = err.to_string();
+        let refused = if err.kind() == ::redis::ErrorKind::AuthenticationFailed
+            || err.code() == Some("WRONGPASS")
+        {
+            Refused::WrongPassword {
+                server,
+                reason: text,
+            }
+        } else if err.code() == Some("NOAUTH") || text.contains("NOAUTH") {
+            Refused::NoPassword { server }
+        } else if matches!(err.kind(), ::redis::ErrorKind::Parse) {
+            let first_line = text.lines().next().unwrap_or_default().to_owned();
+            Refused::NotRedis { server, first_line }
+        } else {
+            return Self::error(server, tls && err.is_timeout(), err);
+        };
+        StoreError::unavailable(refused)
     }
 }
 

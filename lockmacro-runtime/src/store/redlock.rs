@@ -39,7 +39,9 @@ use super::{
     OwnedLease, ReleaseFeed, Released, Renewal, Settings, Store, StoreError,
 };
 use crate::clock::{self, Backoff};
-use crate::error::LockError;
+use crate::error::{LockError, LostReason};
+use crate::health::{Health, NodeRole};
+use crate::metrics;
 use crate::sync::lock;
 
 /// A master's `Busy`: the first busy key, the time until it may be free, the estimated wait.
@@ -139,6 +141,10 @@ impl RedlockStore {
         if taken >= quorum && validity.is_some() {
             self.leave_where_busy(undo, &answers);
             return Ok(AcquiredMany::Taken);
+        }
+        if taken > 0 && !busy.is_empty() {
+            // Split with another attempt: some masters ours, others busy, no majority ours.
+            metrics::redlock_split();
         }
         // Not ours: undo wherever it was taken (or may have been), before answering.
         if taken > 0 || busy.len() + taken < self.masters.len() {
@@ -307,7 +313,7 @@ impl Store for RedlockStore {
                         .filter_map(|answers| answers.get(i))
                         .fold((0, 0), |(extended, lost), outcome| match outcome {
                             Renewal::Extended => (extended + 1, lost),
-                            Renewal::Lost => (extended, lost + 1),
+                            Renewal::Lost(_) => (extended, lost + 1),
                             Renewal::Failed(_) => (extended, lost),
                         });
                     extended >= quorum || lost >= quorum
@@ -331,17 +337,24 @@ impl Store for RedlockStore {
                 .map(|i| {
                     let outcomes = per_master.iter().filter_map(|answers| answers.get(i));
                     let (mut extended, mut lost, mut failure) = (0, 0, None);
+                    // Taken when any master of the majority that lost it names another owner.
+                    let mut reason = LostReason::Gone;
                     for outcome in outcomes {
                         match outcome {
                             Renewal::Extended => extended += 1,
-                            Renewal::Lost => lost += 1,
+                            Renewal::Lost(found) => {
+                                lost += 1;
+                                if *found == LostReason::Taken {
+                                    reason = LostReason::Taken;
+                                }
+                            }
                             Renewal::Failed(error) => failure = Some(error.clone()),
                         }
                     }
                     if extended >= quorum {
                         Renewal::Extended
                     } else if lost >= quorum {
-                        Renewal::Lost
+                        Renewal::Lost(reason)
                     } else {
                         Renewal::Failed(failure.unwrap_or(StoreError::NoQuorum {
                             answered: extended.max(lost),
@@ -462,6 +475,26 @@ impl Store for RedlockStore {
 
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(inspect::quorum_force_release(&self.masters, key))
+    }
+
+    fn health(&self) -> BoxFuture<'_, Health> {
+        Box::pin(async move {
+            let nodes = join_all(
+                self.masters
+                    .iter()
+                    .map(|master| master.node_health(NodeRole::Master)),
+            )
+            .await;
+            let (answering, quorum) = (
+                nodes.iter().filter(|node| node.answers()).count(),
+                self.quorum(),
+            );
+            let verdict = format!(
+                "{answering} of {} masters answer ({quorum} needed)",
+                nodes.len()
+            );
+            Health::new("redlock", answering >= quorum, verdict, nodes)
+        })
     }
 
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {

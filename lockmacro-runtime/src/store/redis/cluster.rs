@@ -30,9 +30,13 @@ use tokio::sync::mpsc;
 
 use super::connections::PerRuntime;
 use super::{Layout, RedisStore, Request, SendError, Transport, bounded, unanswered};
+use crate::health::{Health, NodeHealth, NodeRole};
 use crate::store::protocol::Names;
 use crate::store::scripts;
 use crate::store::{BoxFuture, ReleaseFeed, Released, Settings, StoreError, TimedOut, Unreachable};
+
+/// How many slots a cluster has.
+const SLOTS: usize = 16_384;
 
 /// A Redis Cluster.
 pub(crate) struct Cluster {
@@ -113,10 +117,7 @@ impl Transport for Cluster {
                              for one Redis ({err})"
                         )))
                     }
-                    Ok(Err(err)) => {
-                        let unanswered = self.tls && err.is_timeout();
-                        Err(Unreachable::error(server, unanswered, err))
-                    }
+                    Ok(Err(err)) => Err(Unreachable::connecting(server, self.tls, err)),
                     Err(_) => Err(Unreachable::error(server, self.tls, TimedOut(budget))),
                 }
             })
@@ -191,6 +192,93 @@ impl Transport for Cluster {
         })
     }
 
+    /// Every node `CLUSTER NODES` names (asked of any node that answers), each asked with a
+    /// `PING`: ready when every slot is served by a master that answers.
+    fn health(&self) -> BoxFuture<'_, Health> {
+        Box::pin(async move {
+            let nodes = async {
+                let mut connection = self.connection().await?;
+                let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                let nodes = redis::cmd("CLUSTER").arg("NODES").clone();
+                let nodes = bounded(
+                    self.settings.response_timeout,
+                    connection.route_command(nodes, any),
+                );
+                let nodes: String =
+                    redis::from_redis_value(nodes.await?).map_err(StoreError::unavailable)?;
+                Ok::<_, StoreError>(crate::store::inspect::cluster_nodes(&nodes))
+            };
+            let bound = self.settings.connect_timeout + self.settings.response_timeout;
+            let nodes = match tokio::time::timeout(bound, nodes).await {
+                Ok(Ok(nodes)) => nodes,
+                failed => {
+                    let error = match failed {
+                        Ok(Err(error)) => error.to_string(),
+                        _ => TimedOut(bound).to_string(),
+                    };
+                    let seeds = NodeHealth::silent(self.seeds.clone(), NodeRole::Master, error);
+                    return Health::new(
+                        "cluster",
+                        false,
+                        "no node answers `CLUSTER NODES`",
+                        vec![seeds],
+                    );
+                }
+            };
+            let ping = redis::cmd("PING");
+            let asked = nodes.iter().map(|node| {
+                let ping = &ping;
+                async move {
+                    let role = if node.master {
+                        NodeRole::Master
+                    } else {
+                        NodeRole::Replica
+                    };
+                    let started = tokio::time::Instant::now();
+                    let health = match self.on_master(&node.address, Request::Cmd(ping)).await {
+                        Ok(_) => NodeHealth::answered(&node.address, role, started.elapsed()),
+                        Err(error) => NodeHealth::silent(&node.address, role, error),
+                    };
+                    match node.master {
+                        true => health.serving(node.slots),
+                        false => health,
+                    }
+                }
+            });
+            let mut asked = futures_util::future::join_all(asked).await;
+            asked.sort_by(|a, b| {
+                (a.role() != NodeRole::Master, a.address())
+                    .cmp(&(b.role() != NodeRole::Master, b.address()))
+            });
+            let served: usize = asked
+                .iter()
+                .filter(|node| node.answers())
+                .filter_map(NodeHealth::slots)
+                .sum();
+            let masters = asked
+                .iter()
+                .filter(|node| {
+                    node.role() == NodeRole::Master && node.slots().is_some_and(|slots| slots > 0)
+                })
+                .count();
+            let (ready, verdict) = if served >= SLOTS {
+                (
+                    true,
+                    format!("every slot's master answers ({masters} masters)"),
+                )
+            } else {
+                (
+                    false,
+                    format!(
+                        "{} of {SLOTS} slots have no master that answers",
+                        SLOTS - served.min(SLOTS)
+                    ),
+                )
+            };
+            Health::new("cluster", ready, verdict, asked)
+        })
+    }
+
     /// Every master, from `CLUSTER NODES` asked of any node.
     fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
@@ -206,7 +294,7 @@ impl Transport for Cluster {
     fn on_master<'a>(
         &'a self,
         master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<Value, StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection().await?;
@@ -214,9 +302,19 @@ impl Transport for Cluster {
                 .rsplit_once(':')
                 .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
                 .ok_or_else(|| StoreError::unavailable(format!("no node at `{master}`")))?;
-            let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-            let reply = connection.route_command(cmd.clone(), node);
-            bounded(self.settings.response_timeout, reply).await
+            let node = SingleNodeRoutingInfo::ByAddress { host, port };
+            let budget = self.settings.response_timeout;
+            match request {
+                Request::Cmd(cmd) => {
+                    let reply =
+                        connection.route_command(cmd.clone(), RoutingInfo::SingleNode(node));
+                    bounded(budget, reply).await
+                }
+                Request::Pipeline(pipe) => {
+                    let replies = connection.route_pipeline(pipe.clone(), 0, pipe.len(), node);
+                    bounded(budget, replies).await.map(Value::Array)
+                }
+            }
         })
     }
 }

@@ -23,7 +23,8 @@ use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, HandOver, HandsOver, LeaseRef, ManyRequest,
     OwnedLease, ReleaseFeed, Renewal, Settings, Store, StoreError, TimedOut, release_until_settled,
 };
-use crate::error::LockError;
+use crate::error::{LockError, LostReason};
+use crate::health::Health;
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
@@ -74,15 +75,20 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// A subscription to release announcements, as the deployment announces them.
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
 
+    /// Every server of the deployment asked with a `PING`, bounded by the timeouts.
+    fn health(&self) -> BoxFuture<'_, Health>;
+
     /// The masters to scan, as addresses [`on_master`](Self::on_master) takes (one server: a
     /// single empty name).
     fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
 
-    /// `cmd` (a `SCAN` page, an `INFO`) on the master `master`.
+    /// `request` (a `SCAN` page, an `INFO`, a pipeline of reads of keys it holds) on the master
+    /// `master`; a pipeline's replies come as one array, an error reply in it as a
+    /// [`redis::Value::ServerError`] in its place.
     fn on_master<'a>(
         &'a self,
         master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<redis::Value, StoreError>>;
 }
 
@@ -181,14 +187,23 @@ impl SendError {
                     ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::CrossSlot)
                 ) =>
             {
-                StoreError::unavailable(format!(
-                    "{err} (this server is a Redis Cluster node: build the client with \
-                     `LockClient::cluster_builder([\"redis://node:port\", ...])`, not `builder`)"
-                ))
+                StoreError::from(a_cluster_node(&err))
             }
             Self::Answered(err) => StoreError::unavailable(err),
             Self::Unknown(error) => error,
         }
+    }
+}
+
+/// The error of a client for one server that reached a Redis Cluster node: it would see only
+/// that node's share of the keys, and fail on the others. `found` says how it showed.
+pub(crate) fn a_cluster_node(found: &dyn std::fmt::Display) -> LockError {
+    LockError::Config {
+        message: format!(
+            "this server is a Redis Cluster node ({found}): build the client with \
+             `LockClient::cluster_builder([\"redis://node:port\", ...])`, not `builder` \
+             (on the command line: `--cluster`)"
+        ),
     }
 }
 
@@ -610,7 +625,8 @@ impl<T: Transport> RedisStore<T> {
                 .into_iter()
                 .map(|one| match one {
                     1 => Renewal::Extended,
-                    _ => Renewal::Lost,
+                    2 => Renewal::Lost(LostReason::Taken),
+                    _ => Renewal::Lost(LostReason::Gone),
                 })
                 .collect(),
             Ok(_) => {
@@ -724,6 +740,10 @@ impl<T: Transport> Store for RedisStore<T> {
         Box::pin(inspect::force_release(self, key))
     }
 
+    fn health(&self) -> BoxFuture<'_, Health> {
+        self.transport.health()
+    }
+
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let mut connection = self.transport.connection().await?;
@@ -734,6 +754,23 @@ impl<T: Transport> Store for RedisStore<T> {
                 .send_once::<redis::Value>(&mut connection, Request::Cmd(&ping), budget)
                 .await
                 .map_err(SendError::into_store_error)?;
+            if T::LAYOUT == Layout::Server {
+                // A cluster node taken for one server is refused here, at build, rather than
+                // failing key by key. A server that refuses `INFO` (an ACL) is taken as it is.
+                let mut info = redis::cmd("INFO");
+                info.arg("cluster");
+                let found = self
+                    .transport
+                    .send_once::<String>(&mut connection, Request::Cmd(&info), budget)
+                    .await;
+                match found {
+                    Ok(info) if info.contains("cluster_enabled:1") => {
+                        return Err(a_cluster_node(&"INFO says `cluster_enabled:1`").into());
+                    }
+                    Err(SendError::Unknown(error)) => return Err(error),
+                    _ => {}
+                }
+            }
             Ok(())
         })
     }
@@ -769,9 +806,9 @@ impl<T: Transport> Commands for RedisStore<T> {
     fn on_master<'a>(
         &'a self,
         master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
-        self.transport.on_master(master, cmd)
+        self.transport.on_master(master, request)
     }
 }
 

@@ -19,8 +19,20 @@ use crate::store::StoreError;
 /// Where the sentinels are, and what they last said of the master.
 pub(crate) struct SentinelSource {
     service: String,
+    /// The sentinels' addresses, for messages.
+    shown: String,
     sentinels: tokio::sync::Mutex<SentinelClient>,
     master: Mutex<Option<redis::Client>>,
+}
+
+/// No sentinel named a master: which were asked, for what.
+#[derive(Debug, thiserror::Error)]
+#[error("no sentinel of {sentinels} named a master for `{service}`: {source}")]
+struct NoMaster {
+    sentinels: String,
+    service: String,
+    #[source]
+    source: redis::RedisError,
 }
 
 /// The parts of a sentinel URL.
@@ -84,7 +96,14 @@ impl SentinelSource {
         #[cfg(not(feature = "tls"))]
         let _ = tls_root;
         let sentinels = builder.build().map_err(|err| err.to_string())?;
+        let shown = parsed
+            .sentinels
+            .iter()
+            .map(|(host, port)| format!("{host}:{port}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         Ok(Self {
+            shown,
             service: parsed.service,
             sentinels: tokio::sync::Mutex::new(sentinels),
             master: Mutex::new(None),
@@ -94,6 +113,14 @@ impl SentinelSource {
     /// The service the sentinels watch.
     pub(crate) fn service(&self) -> &str {
         &self.service
+    }
+
+    /// How the master at `address` is named in messages: with the service it serves.
+    pub(crate) fn master_named(&self, address: impl std::fmt::Display) -> String {
+        format!(
+            "{address} (the master of `{}` named by the sentinels {})",
+            self.service, self.shown
+        )
     }
 
     /// The current master, asking the sentinels when it is not known.
@@ -107,7 +134,13 @@ impl SentinelSource {
             .await
             .async_get_client()
             .await
-            .map_err(StoreError::unavailable)?;
+            .map_err(|source| {
+                StoreError::unavailable(NoMaster {
+                    sentinels: self.shown.clone(),
+                    service: self.service.clone(),
+                    source,
+                })
+            })?;
         tracing::debug!(service = %self.service, master = %found.get_connection_info().addr(), "sentinels named the master");
         *self.master.lock().unwrap_or_else(|e| e.into_inner()) = Some(found.clone());
         Ok(found)

@@ -16,6 +16,7 @@ use super::sentinel::SentinelSource;
 use super::{RedisStore, Request, SendError, Transport, feed, unanswered};
 use crate::clock::Backoff;
 use crate::error::LockError;
+use crate::health::{Health, NodeHealth, NodeRole};
 use crate::store::scripts;
 use crate::store::{BoxFuture, LeaseRef, ReleaseFeed, Settings, StoreError, TimedOut, Unreachable};
 
@@ -33,6 +34,14 @@ impl Source {
         match self {
             Self::Direct(client) => Ok(client.clone()),
             Self::Sentinel(sentinel) => sentinel.master().await,
+        }
+    }
+
+    /// How the server at `address` is named in messages.
+    pub(crate) fn named(&self, address: &redis::ConnectionAddr) -> String {
+        match self {
+            Self::Direct(_) => address.to_string(),
+            Self::Sentinel(sentinel) => sentinel.master_named(address),
         }
     }
 
@@ -105,7 +114,57 @@ impl RedisStore<Server> {
     }
 }
 
+impl RedisStore<Server> {
+    /// This server as [`Health`] shows it, in `role`.
+    pub(crate) async fn node_health(&self, role: NodeRole) -> NodeHealth {
+        self.transport.node_health(role).await
+    }
+}
+
 impl Server {
+    /// This server as [`Health`] shows it: the time a `PING` took on its connection (opened
+    /// first when there is none, which is not timed), all bounded by the connect and response
+    /// timeouts. On Sentinel, the master the sentinels name now.
+    async fn node_health(&self, role: NodeRole) -> NodeHealth {
+        let bound = self.settings.connect_timeout + self.settings.response_timeout;
+        let unknown = || match &self.source {
+            Source::Direct(client) => client.get_connection_info().addr().to_string(),
+            Source::Sentinel(sentinel) => sentinel.master_named("?"),
+        };
+        let probe = async {
+            let master = self
+                .source
+                .master()
+                .await
+                .map_err(|error| (unknown(), error))?;
+            let address = master.get_connection_info().addr().to_string();
+            let ping = redis::cmd("PING");
+            let budget = self.settings.response_timeout;
+            // Twice at most: a connection found broken is opened again, so that a server that
+            // went away is reported as unreachable, not as the old connection's broken pipe.
+            let mut last = StoreError::unavailable("no answer");
+            for _ in 0..2 {
+                let mut lent = self
+                    .connection()
+                    .await
+                    .map_err(|error| (address.clone(), error))?;
+                let started = tokio::time::Instant::now();
+                let sent = self.send_once::<redis::Value>(&mut lent, Request::Cmd(&ping), budget);
+                match sent.await {
+                    Ok(_) => return Ok((address, started.elapsed())),
+                    Err(SendError::Unknown(error)) => last = error,
+                    Err(answered) => return Err((address, answered.into_store_error())),
+                }
+            }
+            Err((address, last))
+        };
+        match tokio::time::timeout(bound, probe).await {
+            Ok(Ok((address, latency))) => NodeHealth::answered(address, role, latency),
+            Ok(Err((address, error))) => NodeHealth::silent(address, role, error),
+            Err(_) => NodeHealth::silent(unknown(), role, TimedOut(bound)),
+        }
+    }
+
     /// Drops every connection: the master changed.
     fn master_switched(&self) {
         self.source.forget_master();
@@ -139,8 +198,9 @@ impl Transport for Server {
         self.connections
             .lend(|| async {
                 let master = self.source.master().await?;
-                let server = master.get_connection_info().addr().clone();
-                let tls = matches!(server, redis::ConnectionAddr::TcpTls { .. });
+                let address = master.get_connection_info().addr().clone();
+                let tls = matches!(address, redis::ConnectionAddr::TcpTls { .. });
+                let server = self.source.named(&address);
                 let budget = self.settings.connect_timeout;
                 let open = async {
                     let mut connection = master
@@ -151,8 +211,8 @@ impl Transport for Server {
                 };
                 match tokio::time::timeout(budget, open).await {
                     Ok(Ok(connection)) => Ok(connection),
-                    Ok(Err(err)) => Err(Unreachable::error(&server, tls && err.is_timeout(), err)),
-                    Err(_) => Err(Unreachable::error(&server, tls, TimedOut(budget))),
+                    Ok(Err(err)) => Err(Unreachable::connecting(server, tls, err)),
+                    Err(_) => Err(Unreachable::error(server, tls, TimedOut(budget))),
                 }
             })
             .await
@@ -214,6 +274,26 @@ impl Transport for Server {
         })
     }
 
+    fn health(&self) -> BoxFuture<'_, Health> {
+        Box::pin(async move {
+            let (deployment, role) = match &self.source {
+                Source::Direct(_) => ("redis".to_owned(), NodeRole::Server),
+                Source::Sentinel(sentinel) => (
+                    format!("sentinel `{}`", sentinel.service()),
+                    NodeRole::Master,
+                ),
+            };
+            let node = self.node_health(role).await;
+            let (ready, verdict) = match (node.answers(), role) {
+                (true, NodeRole::Master) => (true, "the master the sentinels name answers"),
+                (false, NodeRole::Master) => (false, "no master the sentinels name answers"),
+                (true, _) => (true, "the server answers"),
+                (false, _) => (false, "the server does not answer"),
+            };
+            Health::new(deployment, ready, verdict, vec![node])
+        })
+    }
+
     fn masters(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
         Box::pin(async { Ok(vec![String::new()]) })
     }
@@ -221,12 +301,12 @@ impl Transport for Server {
     fn on_master<'a>(
         &'a self,
         _master: &'a str,
-        cmd: &'a redis::Cmd,
+        request: Request<'a>,
     ) -> BoxFuture<'a, Result<redis::Value, StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection().await?;
             let budget = self.settings.response_timeout;
-            self.send_once(&mut connection, Request::Cmd(cmd), budget)
+            self.send_once(&mut connection, request, budget)
                 .await
                 .map_err(SendError::into_store_error)
         })

@@ -3,7 +3,8 @@
 -- its longest-living holder. A missing key is never re-created: that lease is lost. A key
 -- replaced by a value of another type is lost too, and costs the other leases nothing.
 -- KEYS[i] = lock key, ARGV[2i-1] = its lease's value, ARGV[2i] = its ttl in ms.
--- Returns one integer per key: 1 extended, 0 lost.
+-- Returns one integer per key: 1 extended, 0 lost and gone (no such key, or no live field of
+-- ours in a shared lock's hash), 2 lost to another owner (another value or another type).
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local extended = {}
@@ -22,6 +23,8 @@ for i, key in ipairs(KEYS) do
       live_holders(key, now, true)
       extended[i] = 1
     end
+  elseif holder then
+    extended[i] = 2
   end
 end
 return extended
