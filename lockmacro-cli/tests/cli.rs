@@ -640,7 +640,7 @@ async fn health_shows_every_redlock_master_and_is_ready_while_a_majority_answers
 
 /// `inspect` of a held lock on each deployment, as an operator sees it (printed for the record).
 #[tokio::test]
-async fn inspect_of_a_held_lock_on_each_deployment() {
+async fn inspect_of_a_held_lock_on_each_deployment_names_its_holder() {
     let server = RedisServer::start();
     let sentinel = RedisSentinel::start();
     let cluster = RedisCluster::start(3, 0);
@@ -683,6 +683,12 @@ async fn inspect_of_a_held_lock_on_each_deployment() {
         assert!(
             text.contains(&format!("{}…", &held.token()[..4])),
             "{name}: {text}"
+        );
+        // Who holds it: this test process, on this host, since a moment ago.
+        assert!(
+            text.contains(&format!("(pid {}) on ", std::process::id()))
+                && text.contains("acquired:"),
+            "{name}: the holder's identity: {text}"
         );
         let mut args = flags.clone();
         args.extend(["health"]);
