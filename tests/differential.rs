@@ -11,7 +11,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockmacro_runtime::{Lease, LockContext, LockError, LockOptions};
+use lockmacro_runtime::{Lease, LockClient, LockContext, LockError, LockOptions};
 use proptest::prelude::*;
 use testkit::{Deployment, InMemory, SingleRedis};
 
@@ -199,6 +199,9 @@ async fn run(deployment: &impl Deployment, prefix: &str, steps: &[Step]) -> Vec<
                 let key = key(*k);
                 let floor = micros_now();
                 let acquired = clients[*client].acquire(key.clone(), options.build()).await;
+                if acquired.is_err() && options.waits {
+                    waiter_left(&clients[*client], std::slice::from_ref(&key)).await;
+                }
                 match acquired {
                     Ok(lease) => {
                         let fencing = judge(&mut last_fence, &key, lease.fencing_token(), floor);
@@ -256,6 +259,9 @@ async fn run(deployment: &impl Deployment, prefix: &str, steps: &[Step]) -> Vec<
                 let acquired = clients[*client]
                     .acquire_many(keys.clone(), options.build())
                     .await;
+                if acquired.is_err() && options.waits {
+                    waiter_left(&clients[*client], &keys).await;
+                }
                 match acquired {
                     Ok(lease) => {
                         let fencing = judge(&mut last_fence, &keys[0], lease.fencing_token(), 0);
@@ -299,6 +305,25 @@ fn judge(last: &mut HashMap<String, u64>, key: &str, token: Option<u64>, floor: 
         Fencing::Increasing
     } else {
         Fencing::Wrong { token, above }
+    }
+}
+
+/// Waits until a caller that gave up waiting has left `keys` (it does so in the background: its
+/// count and any reservation it made go). A release in the next step would otherwise hand the
+/// key to it on one store and not on the other, depending on which ran first.
+async fn waiter_left(client: &LockClient, keys: &[String]) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+    for key in keys {
+        while let Some(info) = client.inspect(key).await.unwrap() {
+            if info.waiters() == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "a waiter that gave up never left {key}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }
 
