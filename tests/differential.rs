@@ -238,6 +238,9 @@ async fn run(deployment: &impl Deployment, prefix: &str, steps: &[Step]) -> Vec<
                         (fence, nested)
                     })
                     .await;
+                if outcome.is_err() && outer.waits {
+                    waiter_left(locks, std::slice::from_ref(&key)).await;
+                }
                 match outcome {
                     Ok((fence, nested)) => {
                         let fencing = judge(&mut last_fence, &key, fence, floor);
