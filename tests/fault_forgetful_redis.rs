@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{assert_clean, client_for, dropped_at, get, opts, start_holder};
-use lockmacro_runtime::{LockContext, LockError, LockOptions, LostReason, protocol};
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, LostReason, protocol};
 use redis::AsyncCommands;
 use testkit::RedisServer;
 use tokio::sync::oneshot;
@@ -174,4 +174,51 @@ async fn a_key_replaced_by_another_type_is_lost_and_its_batch_lives_on() {
         .await
         .unwrap();
     assert_eq!(kind, "hash", "the other owner's value is left alone");
+}
+
+/// A restart that loses the data (no persistence) stops a holder when its client's connection
+/// is back, not at its next renewal: the subscription that reopens checks every lease at once.
+/// With a 60 s lease the next renewal would come 20 s after it was taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_the_key_stops_its_holder_when_the_client_reconnects() {
+    let mut server = RedisServer::start();
+    let locks = LockClient::builder(&server.url())
+        .build()
+        .await
+        .expect("client connects");
+    let lease = locks
+        .acquire(
+            "restart:lock",
+            LockOptions::new()
+                .ttl(Duration::from_secs(60))
+                .unlimited_renewals(),
+        )
+        .await
+        .unwrap();
+    let holder = tokio::spawn(async move { lease.run(std::future::pending::<()>()).await });
+    let restarted_at = Instant::now();
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(15), holder)
+        .await
+        .expect("the holder learns of the loss before its next renewal (20 s)")
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::Lost {
+                reason: LostReason::Gone,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    eprintln!(
+        "holder stopped {:?} after the restart began",
+        restarted_at.elapsed()
+    );
 }

@@ -98,10 +98,11 @@ impl Engine {
     ) -> Self {
         static IDS: AtomicU64 = AtomicU64::new(1);
         metrics::describe();
+        let renewals = RenewalQueue::start(store.clone(), timing.scan_interval, &background);
         Self {
             id: IDS.fetch_add(1, Ordering::Relaxed),
-            renewals: RenewalQueue::start(store.clone(), timing.scan_interval, &background),
-            waits: WaitQueue::start(store.clone(), &background),
+            waits: WaitQueue::start(store.clone(), &background, renewals.checker()),
+            renewals,
             store,
             response_timeout: timing.response_timeout,
             in_flight: turns::Turns::new(REQUESTS_IN_FLIGHT),
@@ -110,6 +111,13 @@ impl Engine {
             origin,
             background,
         }
+    }
+
+    /// Hands a lease just taken to the watchdog, and keeps the release subscription open so its
+    /// holder hears a forced release of its key.
+    fn hold(&self, lease: Arc<LeaseState>) {
+        self.renewals.register(lease);
+        self.waits.listen();
     }
 
     /// The value a lease of `token` taken now stores: the token, the time, and who takes it.

@@ -23,9 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::Background;
 use crate::clock::{self, nanos};
+use crate::error::LostReason;
 use crate::metrics;
 use crate::state::LeaseState;
-use crate::store::{LeaseRef, Renewal, Store, StoreError};
+use crate::store::{LeaseRef, Renewal, Store, StoreError, protocol};
 
 pub(crate) struct RenewalQueue {
     shared: Arc<Shared>,
@@ -86,6 +87,11 @@ impl RenewalQueue {
         let watchdog = shared.clone();
         background.spawn_service(move |stop| watch(watchdog.clone(), stop));
         Self { shared }
+    }
+
+    /// What checks leases at once when news says they may be gone ([`LeaseCheck`]).
+    pub(crate) fn checker(&self) -> LeaseChecker {
+        LeaseChecker(self.shared.clone())
     }
 
     pub(crate) fn register(&self, lease: Arc<LeaseState>) {
@@ -311,6 +317,81 @@ async fn renew(shared: &Shared, due: &[Arc<LeaseState>]) {
     // Leases renewed or failed just now may need a wake-up earlier than the one planned.
     if due.iter().any(|lease| shared.wakes_too_late_for(lease)) {
         shared.wake.notify_one();
+    }
+}
+
+/// News that leases may be gone before their next renewal would tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LeaseCheck {
+    /// An operator freed this key (`force_release`): its holder stops at once.
+    Forced(String),
+    /// The release subscription opened (at first, or back after a loss): forced releases
+    /// before it went unheard, and a restart, a failover or a flush may have taken any key.
+    Unheard,
+}
+
+/// Checks the leases news concerns, in the background, reading only: a key found without our
+/// hold ends its lease `Lost` (`Gone`) now; anything else (ours, or Redis not answering) is left
+/// to the watchdog's next renewal, so a check never costs a lease a renewal.
+#[derive(Clone)]
+pub(crate) struct LeaseChecker(Arc<Shared>);
+
+impl LeaseChecker {
+    pub(crate) fn check(&self, news: LeaseCheck) {
+        let shared = self.0.clone();
+        tokio::spawn(async move {
+            let concerned = |lease: &Arc<LeaseState>| match &news {
+                LeaseCheck::Forced(key) => lease.covers(key),
+                LeaseCheck::Unheard => true,
+            };
+            let leases: Vec<Arc<LeaseState>> = shared
+                .lock()
+                .values()
+                .filter(|lease| concerned(lease))
+                .cloned()
+                .collect();
+            futures_util::stream::iter(leases)
+                .for_each_concurrent(CHECKS_IN_FLIGHT, |lease| check(&shared, lease))
+                .await;
+        });
+    }
+}
+
+/// Leases checked at once after news: a reconnect under ten thousand leases asks a few keys at
+/// a time rather than all of them in one burst.
+const CHECKS_IN_FLIGHT: usize = 16;
+
+/// Looks a check makes at a key before it leaves the lease to its next renewal.
+const CHECK_ATTEMPTS: u32 = 3;
+
+async fn check(shared: &Shared, lease: Arc<LeaseState>) {
+    for key in lease.all_keys() {
+        if lease.is_finished() || lease.is_lost() {
+            return;
+        }
+        // A connection back after a loss may fail its first command: look a few times.
+        let mut found = shared.store.inspect(key).await;
+        for _ in 1..CHECK_ATTEMPTS {
+            if found.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            found = shared.store.inspect(key).await;
+        }
+        let Ok(found) = found else {
+            return;
+        };
+        let ours = found.is_some_and(|found| {
+            found
+                .holders
+                .iter()
+                .any(|(value, _)| protocol::holds(value, &lease.value))
+        });
+        if !ours && !lease.is_finished() && !lease.is_lost() {
+            tracing::warn!(key = %key, "lock lost: its key no longer holds it (freed by force, or lost to a restart, failover or flush)");
+            lease.mark_lost(LostReason::Gone);
+            return;
+        }
     }
 }
 

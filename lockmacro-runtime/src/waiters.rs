@@ -28,8 +28,9 @@ use crate::background::Background;
 use crate::clock::Backoff;
 use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
+use crate::renewal::{LeaseCheck, LeaseChecker};
 use crate::right::ReleaseRight;
-use crate::store::protocol::Announcement;
+use crate::store::protocol::{self, Announcement};
 use crate::store::{ReleaseFeed, Store, StoreError};
 use crate::sync::lock;
 
@@ -46,6 +47,9 @@ pub(crate) struct WaitQueue {
     /// the lock: a release while nobody of this client waits for anything takes no mutex.
     waited_keys: std::sync::atomic::AtomicUsize,
     commands: mpsc::UnboundedSender<Command>,
+    /// The subscription was asked to stay open ([`listen`](Self::listen)); it then reopens
+    /// itself whenever it is lost.
+    listening: std::sync::atomic::AtomicBool,
 }
 
 type Keys = Mutex<HashMap<String, Arc<KeyWaiters>>>;
@@ -165,6 +169,9 @@ pub(crate) enum Hearing {
 }
 
 enum Command {
+    /// Keep the subscription open from now on: a lease is held, and its holder must hear a
+    /// forced release of its key.
+    Listen,
     Watch(String),
     Unwatch(String),
     /// Open the subscription now (a client being built), reporting how it went.
@@ -182,7 +189,11 @@ pub(crate) struct Ticket<'a> {
 
 impl WaitQueue {
     /// Starts the subscription task where the client's background work runs.
-    pub(crate) fn start(store: Arc<dyn Store>, background: &Background) -> Self {
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        background: &Background,
+        checker: LeaseChecker,
+    ) -> Self {
         let keys = Arc::new(Keys::default());
         let (commands, received) = mpsc::unbounded_channel();
         // Shared so that a listener started again (on another runtime) takes over the commands.
@@ -193,6 +204,7 @@ impl WaitQueue {
                 store: store.clone(),
                 keys: listening.clone(),
                 feed: None,
+                checker: checker.clone(),
                 backoff: Backoff::new(REOPEN_BASE, REOPEN_CAP),
                 reopen_at: None,
                 tried_at: None,
@@ -203,11 +215,27 @@ impl WaitQueue {
             keys,
             waited_keys: std::sync::atomic::AtomicUsize::new(0),
             commands,
+            listening: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// A lease is held: keep the subscription open from now on (once; it costs later leases an
+    /// atomic read), so that holders hear forced releases and every lease is checked when the
+    /// subscription's connection comes back after a loss.
+    pub(crate) fn listen(&self) {
+        if !self.listening.load(std::sync::atomic::Ordering::Relaxed)
+            && !self
+                .listening
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            let _ = self.commands.send(Command::Listen);
         }
     }
 
     /// Opens the subscription connection now, so the first waiter pays nothing.
     pub(crate) async fn connect(&self) -> Result<(), StoreError> {
+        self.listening
+            .store(true, std::sync::atomic::Ordering::Release);
         let (reply, outcome) = oneshot::channel();
         if self.commands.send(Command::Connect(reply)).is_err() {
             return Ok(());
@@ -527,6 +555,9 @@ struct Listener {
     store: Arc<dyn Store>,
     keys: Arc<Keys>,
     feed: Option<Box<dyn ReleaseFeed>>,
+    /// Told of forced releases, and of each time the subscription opens (every lease held
+    /// then is checked: what went by unheard before, a restart after a loss among it).
+    checker: LeaseChecker,
     backoff: Backoff,
     /// When to try opening the subscription again after it failed.
     reopen_at: Option<Instant>,
@@ -568,6 +599,9 @@ impl Listener {
                 },
                 released = released => match released {
                     Some(released) => {
+                        if released.key == protocol::FORCED_RELEASES {
+                            self.checker.check(LeaseCheck::Forced(released.message.clone()));
+                        }
                         if let Some(waiters) = lock(&self.keys).get(&released.key) {
                             waiters.heard(&released.message);
                         }
@@ -584,6 +618,11 @@ impl Listener {
 
     async fn obey(&mut self, command: Command) {
         match command {
+            Command::Listen => {
+                if self.feed.is_none() && self.reopen_at.is_none() {
+                    let _ = self.open().await;
+                }
+            }
             Command::Connect(reply) => {
                 let opened = match self.feed {
                     Some(_) => Ok(()),
@@ -643,6 +682,7 @@ impl Listener {
             .collect();
         let opened = async {
             let mut feed = self.store.release_feed().await?;
+            feed.watch(protocol::FORCED_RELEASES).await?;
             for (key, waiters) in &watched {
                 feed.watch(key).await?;
                 waiters.hearing.send_replace(Hearing::Heard);
@@ -653,6 +693,9 @@ impl Listener {
             Ok(feed) => {
                 self.feed = Some(feed);
                 self.backoff.reset();
+                // Unheard until now: a forced release, or a restart, a failover or a flush
+                // after a loss, may have taken keys of leases already held.
+                self.checker.check(LeaseCheck::Unheard);
                 // A release may have gone by unheard while there was no subscription: the
                 // waiters look again now rather than sleep out the holder's remaining lease.
                 for (_, waiters) in &watched {

@@ -54,6 +54,7 @@ macro_rules! conformance {
                 force_release_wakes_the_waiter_and_the_holder_loses,
                 force_release_keeps_the_fair_queue_in_order,
                 lost_says_the_key_was_gone_when_it_was_removed,
+                a_forced_release_reaches_its_holder_at_once_whatever_its_ttl,
                 watch_reports_every_holder_and_release,
                 watch_sees_holds_shorter_than_its_poll,
                 a_hold_keeps_the_key_after_the_work_until_it_has_passed,

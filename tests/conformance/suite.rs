@@ -1153,6 +1153,51 @@ pub async fn lost_says_the_key_was_gone_when_it_was_removed(deployment: &impl De
     assert_eq!(deployment.holder("gone:1").await, None);
 }
 
+/// A forced release by another client (an operator's CLI, the locks page) reaches the holder
+/// at once: its work is cancelled with `Lost` (`Gone`) long before its next renewal (20 s into
+/// a 60 s lease), an exclusive holder and each of a lock's readers alike.
+pub async fn a_forced_release_reaches_its_holder_at_once_whatever_its_ttl(
+    deployment: &impl Deployment,
+) {
+    let locks = deployment.client().await;
+    let operator = deployment.another_client().await;
+    let long = opts(60_000).unlimited_renewals();
+    for (key, options, holders) in [
+        ("forced:1", long, 1),
+        ("forced:2", long.read(), 2),
+    ] {
+        let mut held = Vec::new();
+        for _ in 0..holders {
+            let lease = locks.acquire(key, options).await.unwrap();
+            held.push(tokio::spawn(async move {
+                lease.run(std::future::pending::<()>()).await
+            }));
+        }
+        let forced_at = Instant::now();
+        assert!(operator.force_release(key).await.unwrap(), "{key} was held");
+        for holder in held {
+            let outcome = tokio::time::timeout(Duration::from_secs(10), holder)
+                .await
+                .unwrap_or_else(|_| panic!("the holder of {key} heard nothing within 10 s"))
+                .unwrap();
+            assert!(
+                matches!(
+                    outcome,
+                    Err(LockError::Lost {
+                        reason: LostReason::Gone,
+                        ..
+                    })
+                ),
+                "{key}: {outcome:?}"
+            );
+        }
+        eprintln!(
+            "{key}: holder stopped {:?} after the forced release",
+            forced_at.elapsed()
+        );
+    }
+}
+
 /// `force_release` of a fair lock: the queue stays, and its waiters are served in order.
 pub async fn force_release_keeps_the_fair_queue_in_order(deployment: &impl Deployment) {
     let locks = deployment.client().await;

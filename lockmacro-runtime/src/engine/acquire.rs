@@ -155,7 +155,7 @@ impl Engine {
                     fencing_token,
                     sent_at,
                 ));
-                self.renewals.register(lease.clone());
+                self.hold(lease.clone());
                 tracing::debug!(key = %key, ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
                 Ok(Attempt::Taken(lease))
             }

@@ -131,7 +131,7 @@ impl Engine {
                 )
                 .covering(keys.to_vec());
                 let lease = Arc::new(lease);
-                self.renewals.register(lease.clone());
+                self.hold(lease.clone());
                 tracing::debug!(keys = ?keys, ttl_ms = clock::millis(ttl), "locks acquired");
                 Ok(Attempt::Taken(lease))
             }

@@ -98,7 +98,7 @@ impl Engine {
                     None,
                     sent_at,
                 ));
-                self.renewals.register(handed.clone());
+                self.hold(handed.clone());
                 tracing::debug!(key = %lease.key, "lock handed to the next waiter of this client");
                 // Nobody else knows the new lease yet: its right is free to claim. A waiter gone
                 // meanwhile gets it back here, and dropping it releases the lease.

@@ -222,12 +222,33 @@ pub(crate) async fn force_release(commands: &dyn Commands, key: &str) -> Result<
             .arg(kind)
             .arg(token);
         if int(commands.on_key(key, &cmd).await?).unwrap_or(0) > 0 {
+            announce_forced(commands, key).await;
             return Ok(true);
         }
     }
     Err(StoreError::unavailable(format!(
         "`{key}` changed hands on every attempt to release it; try again"
     )))
+}
+
+/// Tells every client holding a lease that `key` was freed by force
+/// ([`protocol::FORCED_RELEASES`]), so that its holder stops at once. The key is freed either
+/// way: an announcement that fails leaves the holder to its next renewal.
+async fn announce_forced(commands: &dyn Commands, key: &str) {
+    let forced = protocol::FORCED_RELEASES;
+    let announced = async {
+        let channel = beside(commands, forced, |k| commands.names().release_channel(k))?;
+        let mut cmd = redis::cmd(if commands.is_cluster() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        });
+        cmd.arg(channel).arg(key);
+        commands.on_key(forced, &cmd).await
+    };
+    if let Err(error) = announced.await {
+        tracing::debug!(key = %key, error = %error, "a forced release could not be announced to its holder; it learns at its next renewal");
+    }
 }
 
 /// One page of the locks whose key starts with `prefix:` (`""`: every lock): one `SCAN` step

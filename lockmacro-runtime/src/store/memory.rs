@@ -917,6 +917,9 @@ impl Store for MemoryStore {
             for value in &removed {
                 self.announce(key, value.clone());
             }
+            if !removed.is_empty() {
+                self.announce(protocol::FORCED_RELEASES, key.to_owned());
+            }
             Ok(!removed.is_empty())
         })
     }

@@ -58,6 +58,12 @@ pub const RESERVATION_SEPARATOR: char = '/';
 /// handed to ([`Announcement`]).
 pub const HANDED_TO: char = '>';
 
+/// The name whose release channel announces forced releases (`{namespace}:released::forced`):
+/// each message is the key an operator freed, and every client holding a lease listens, so the
+/// holder learns it at once rather than at its next renewal. No lock key is this name's
+/// business: a lock under it is announced there too, and heard as a forced release of nothing.
+pub const FORCED_RELEASES: &str = ":forced";
+
 /// How long a caller may wait before it is owed the lock: one that has waited longer (by its
 /// own clock) reserves the key at its next look, and the key's next release (or hand-over
 /// inside its holder's client) hands it straight to the longest-waiting such caller, wherever it
