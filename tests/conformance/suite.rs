@@ -1162,10 +1162,7 @@ pub async fn a_forced_release_reaches_its_holder_at_once_whatever_its_ttl(
     let locks = deployment.client().await;
     let operator = deployment.another_client().await;
     let long = opts(60_000).unlimited_renewals();
-    for (key, options, holders) in [
-        ("forced:1", long, 1),
-        ("forced:2", long.read(), 2),
-    ] {
+    for (key, options, holders) in [("forced:1", long, 1), ("forced:2", long.read(), 2)] {
         let mut held = Vec::new();
         for _ in 0..holders {
             let lease = locks.acquire(key, options).await.unwrap();
