@@ -168,8 +168,7 @@ async fn a_waiter_of_another_client_says_what_it_waits_for() {
     );
     let acquired = output
         .lines()
-        .filter(|line| line.contains("lock acquired"))
-        .last()
+        .rfind(|line| line.contains("lock acquired"))
         .expect("the waiter's acquire logged");
     assert!(
         acquired.contains(&format!("token_hint={}", hint(&token))),
