@@ -325,10 +325,23 @@ async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key()
     );
     watching.abort();
 
-    // A key nobody watches: no mark, no announcement, the key gone.
+    // A key nobody watches: no mark, no announcement, the key gone; the release read the lock
+    // alone (a `GET`, no `MGET` of a watch mark).
     let lease = holder.acquire("unwatched:1", opts(30_000)).await.unwrap();
+    let (gets, mgets) = (
+        command_calls(&server, "get"),
+        command_calls(&server, "mget"),
+    );
     lease.release().await.unwrap();
     assert_eq!(get(&server, "unwatched:1").await, None);
+    assert_eq!(
+        (
+            command_calls(&server, "get"),
+            command_calls(&server, "mget")
+        ),
+        (gets + 2, mgets),
+        "the release's GET (and the test's own), no MGET"
+    );
     assert_eq!(
         command_calls(&server, "publish"),
         publishes + 1,
