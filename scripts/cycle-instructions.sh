@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Instructions per uncontended cycle (acquire + release), counted by callgrind, for each system
-# against its floor, each a process of its own (the cycle bench's children): redis-rs alone and
-# `run_locked` on one Redis (the client's and redis-server's instructions), redis-rs's cluster
-# connection and `run_locked` on a 3-master Cluster, the same commands to 3 masters at once and
-# `run_locked` on a 3-master Redlock (the client's). Unlike time, an instruction count does not
+# against its floor, each a process of its own (the cycle bench's children): redis-rs alone,
+# `run_locked` and `#[redis_lock]` on one Redis (the client's and redis-server's instructions),
+# redis-rs's cluster connection, `run_locked` and `#[redis_lock]` on a 3-master Cluster, the same
+# commands to 3 masters at once, `run_locked` and `#[redis_lock]` on a 3-master Redlock (the
+# client's). Unlike time, an instruction count does not
 # move with the machine's load, so a difference of a few percent is a result in one run.
 #
 #   scripts/cycle-instructions.sh              W1 (one task) and W2 (64 tasks, a key each)
@@ -20,8 +21,13 @@ command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install va
 
 workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(W1 W2)
-cargo bench -p lockmacro-bench --bench cycle --no-run 2>/dev/null
-bin=$(ls -t target/release/deps/cycle-* | grep -v '\.d$' | head -1)
+# CYCLE_BIN=path counts with a cycle-bench binary built before (one kept from another commit).
+if [ -n "${CYCLE_BIN:-}" ]; then
+  bin=$CYCLE_BIN
+else
+  cargo bench -p lockmacro-bench --bench cycle --no-run 2>/dev/null
+  bin=$(ls -t target/release/deps/cycle-* | grep -v '\.d$' | head -1)
+fi
 work=$(mktemp -d)
 
 free_port() {
@@ -106,9 +112,9 @@ for workload in "${workloads[@]}"; do
     W2*) tasks=64; counts=(100 300) ;;
   esac
   case $workload in
-    W1 | W2) systems=(redis-rs lockmacro); url= ;;
-    W1c | W2c) systems=(redis-rs-cluster lockmacro-cluster); masters yes ;;
-    W1r | W2r) systems=(redis-rs-redlock lockmacro-redlock); masters no ;;
+    W1 | W2) systems=(redis-rs lockmacro lockmacro-attr); url= ;;
+    W1c | W2c) systems=(redis-rs-cluster lockmacro-cluster lockmacro-cluster-attr); masters yes ;;
+    W1r | W2r) systems=(redis-rs-redlock lockmacro-redlock lockmacro-redlock-attr); masters no ;;
     *) echo "unknown workload $workload (W1, W2, W1c, W2c, W1r, W2r)" >&2; exit 2 ;;
   esac
   cycles=$(( (counts[1] - counts[0]) * tasks ))
@@ -127,10 +133,14 @@ for workload in "${workloads[@]}"; do
     figures+=("$client" "$redis")
     echo "| $workload | $system | $client | ${redis:-} |"
   done
-  awk -v w="$workload" -v c1="${figures[0]}" -v c2="${figures[2]}" -v r1="${figures[1]}" \
-    -v r2="${figures[3]}" 'BEGIN {
-      redis = r1 > 0 ? sprintf("%.2f×", r2 / r1) : ""
-      printf "| %s | ours ÷ its floor | %.2f× | %s |\n", w, c2 / c1, redis
-    }'
+  # Each of ours (run_locked, then the attribute) against the floor.
+  for ours in 1 2; do
+    awk -v w="$workload" -v s="${systems[$ours]}" -v c1="${figures[0]}" \
+      -v c2="${figures[$((2 * ours))]}" -v r1="${figures[1]}" -v r2="${figures[$((2 * ours + 1))]}" \
+      'BEGIN {
+        redis = r1 > 0 ? sprintf("%.2f×", r2 / r1) : ""
+        printf "| %s | %s ÷ its floor | %.2f× | %s |\n", w, s, c2 / c1, redis
+      }'
+  done
   stop_started
 done

@@ -13,7 +13,7 @@ use lockmacro_runtime::{LockClient, LockContext, protocol};
 use testkit::{Fault, FaultProxy, RedisCluster, RedisServer};
 use tokio::sync::oneshot;
 
-const PARKED: &str = "parked until the lock's release; a release by this client hands it over";
+const PARKED: &str = "parked until the lock is released or handed to this caller";
 const HANDING: &str = "handing the lock to the next waiter of this client";
 
 async fn cluster_client(cluster: &RedisCluster) -> LockClient {

@@ -33,7 +33,9 @@ fn value(server: &RedisServer, key: &str) -> Option<String> {
 
 /// The token of the lock under `key` on `server`, marks left out.
 fn holder(server: &RedisServer, key: &str) -> Option<String> {
-    value(server, key).map(|value| protocol::holder_token(&value).to_owned())
+    value(server, key)
+        .map(|value| protocol::holder_token(&value).to_owned())
+        .filter(|token| !token.is_empty())
 }
 
 /// Another owner's lock value (a lock of another process, not of this test's client).

@@ -267,9 +267,10 @@ async fn a_release_is_announced_only_when_someone_waits() {
     );
 }
 
-/// A watch marks the key it follows (a key named as its release channel), so that an
-/// unmarked release, which nobody waits for, is announced too: the watch reports the hold
-/// between two of its looks. A key nobody watches costs its release no `PUBLISH`.
+/// A watch marks the key it follows (a key named as its release channel, and the key itself:
+/// its mark alone while free, `+` after its holder's value while held), so that a release
+/// nobody waits for is announced too: the watch reports the hold between two of its looks. A
+/// key nobody watches costs its release no `PUBLISH`, and reads nothing but the lock.
 #[tokio::test]
 async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key() {
     use common::{command_calls, get};
@@ -290,11 +291,24 @@ async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key()
     })
     .await;
     let publishes = command_calls(&server, "publish");
+    assert_eq!(
+        get(&server, "watched:1").await.as_deref(),
+        Some("+"),
+        "the free key holds the watch's mark"
+    );
     let lease = holder.acquire("watched:1", opts(30_000)).await.unwrap();
     let value = get(&server, "watched:1").await.expect("held");
     assert!(protocol::holds(&value, lease.token()), "{value}");
-    assert!(!protocol::is_waited_for(&value), "unmarked: {value}");
+    assert!(
+        protocol::is_waited_for(&value),
+        "taken while watched, marked: {value}"
+    );
     lease.release().await.unwrap();
+    assert_eq!(
+        get(&server, "watched:1").await.as_deref(),
+        Some("+"),
+        "released while watched, the watch's mark takes the holder's place"
+    );
     assert_eq!(
         command_calls(&server, "publish"),
         publishes + 1,
@@ -311,9 +325,23 @@ async fn a_release_nobody_waits_for_is_announced_while_a_watch_follows_the_key()
     );
     watching.abort();
 
-    // A key nobody watches: no mark, no announcement.
+    // A key nobody watches: no mark, no announcement, the key gone; the release read the lock
+    // alone (a `GET`, no `MGET` of a watch mark).
     let lease = holder.acquire("unwatched:1", opts(30_000)).await.unwrap();
+    let (gets, mgets) = (
+        command_calls(&server, "get"),
+        command_calls(&server, "mget"),
+    );
     lease.release().await.unwrap();
+    assert_eq!(get(&server, "unwatched:1").await, None);
+    assert_eq!(
+        (
+            command_calls(&server, "get"),
+            command_calls(&server, "mget")
+        ),
+        (gets + 2, mgets),
+        "the release's GET (and the test's own), no MGET"
+    );
     assert_eq!(
         command_calls(&server, "publish"),
         publishes + 1,

@@ -4,13 +4,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::builder::{LockClientBuilder, Parts};
 use crate::context;
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::health::Health;
 use crate::key::{check_key, key_list};
-use crate::lease::Lease;
+use crate::lease::{self, Lease};
 use crate::metrics::End;
 use crate::options::LockOptions;
 use crate::store::Deployment;
@@ -269,8 +271,21 @@ impl LockClient {
                 })
             };
         }
-        let lease = self.acquire_checked(key, options).await?;
-        run_and_release(lease, work, failed).await
+        // The span wraps the acquire and the release as well as the work: every event of the
+        // call (taken, waited, released, lost) says which lock it is about.
+        match lease::lock_span(&key) {
+            Some(span) => {
+                let locked = async {
+                    let lease = self.acquire_checked(key, options).await?;
+                    run_and_release(lease, work, failed).await
+                };
+                locked.instrument(span).await
+            }
+            None => {
+                let lease = self.acquire_checked(key, options).await?;
+                run_and_release(lease, work, failed).await
+            }
+        }
     }
 
     /// Takes the lock `key` and returns its [`Lease`], renewed by the watchdog until released
@@ -385,8 +400,19 @@ impl LockClient {
                 }),
             };
         }
-        let lease = self.acquire_many_checked(keys, options).await?;
-        run_and_release(lease, work, failed).await
+        match lease::lock_span(&keys[0]) {
+            Some(span) => {
+                let locked = async {
+                    let lease = self.acquire_many_checked(keys, options).await?;
+                    run_and_release(lease, work, failed).await
+                };
+                locked.instrument(span).await
+            }
+            None => {
+                let lease = self.acquire_many_checked(keys, options).await?;
+                run_and_release(lease, work, failed).await
+            }
+        }
     }
 
     /// Takes every lock of `keys` at once and returns the one [`Lease`] that covers them, as
@@ -527,7 +553,7 @@ async fn run_and_release<F: Future>(
     work: F,
     failed: impl FnOnce(&F::Output) -> bool,
 ) -> Result<F::Output, LockError> {
-    let outcome = lease.run(work).await;
+    let outcome = lease.run_unspanned(work).await;
     if let Ok(output) = &outcome {
         lease.record_end(if failed(output) { End::Err } else { End::Ok });
     }

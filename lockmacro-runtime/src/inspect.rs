@@ -182,7 +182,17 @@ pub enum LockEvent {
 }
 
 fn token_hint(token: &str) -> String {
-    token.chars().take(TOKEN_HINT_CHARS).collect()
+    hint(token).to_owned()
+}
+
+/// At most the first 4 characters of `token`: what `inspect`, `watch` and the command-line tool
+/// show of a holder, and what the library's log events carry as `token_hint`, so a log line
+/// can be matched with what an operator sees.
+pub(crate) fn hint(token: &str) -> &str {
+    token
+        .char_indices()
+        .nth(TOKEN_HINT_CHARS)
+        .map_or(token, |(end, _)| &token[..end])
 }
 
 /// The event of a holder of `value` taking the key, with `time_left`.

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::context;
 use crate::engine::Engine;
 use crate::error::LockError;
+use crate::inspect::hint;
 use crate::metrics::End;
 use crate::right::ReleaseRight;
 use crate::state::LeaseState;
@@ -95,16 +96,17 @@ impl Lease {
     /// # Cancellation safety
     /// Dropping the returned future drops `work`; the lease stays held until the `Lease` goes.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
+        match lock_span(&self.state.key) {
+            Some(span) => self.run_unspanned(work).instrument(span).await,
+            None => self.run_unspanned(work).await,
+        }
+    }
+
+    /// [`run`](Self::run) inside whatever span the caller is in: a locked call's span wraps
+    /// its acquire and release too.
+    pub(crate) async fn run_unspanned<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
         let state = &self.state;
-        // Asked first: a disabled span still records its fields and logs its entering and
-        // leaving at every poll when tracing's `log` feature is on (axum's default features turn
-        // it on); no span at all costs nothing.
-        let span = if tracing::enabled!(tracing::Level::DEBUG) {
-            tracing::debug_span!("lock", key = %state.key)
-        } else {
-            tracing::Span::none()
-        };
-        let work = context::scope(state.clone(), work).instrument(span);
+        let work = context::scope(state.clone(), work);
         let mut work = std::pin::pin!(work);
         if !state.is_cancelled() && Instant::now() < state.deadline() {
             // Work that finishes at its first poll needs neither a deadline timer nor a
@@ -137,7 +139,7 @@ impl Lease {
             LockError::RenewalsExhausted { .. } => End::Exhausted,
             _ => End::Cancelled,
         });
-        tracing::warn!(key = %state.key, renewals = state.renewals(), reason = %error, "lock work cancelled");
+        tracing::warn!(key = %state.key, token_hint = %hint(state.token()), renewals = state.renewals(), reason = %error, "lock work cancelled");
         Err(error)
     }
 
@@ -191,12 +193,20 @@ impl Lease {
             release.await?
         };
         if deleted {
-            tracing::debug!(key = %state.key, "lock released");
+            tracing::debug!(key = %state.key, token_hint = %hint(state.token()), "lock released");
         } else {
-            tracing::warn!(key = %state.key, "lock had already expired or changed owner at release");
+            tracing::warn!(key = %state.key, token_hint = %hint(state.token()), "lock had already expired or changed owner at release");
         }
         Ok(())
     }
+}
+
+/// The DEBUG span `lock` with the `key` a locked call runs in (as tower-http's request spans),
+/// `None` when DEBUG is off. Asked first: a disabled span still records its fields and logs its
+/// entering and leaving at every poll when tracing's `log` feature is on (axum's default
+/// features turn it on); no span at all costs nothing.
+pub(crate) fn lock_span(key: &str) -> Option<tracing::Span> {
+    tracing::enabled!(tracing::Level::DEBUG).then(|| tracing::debug_span!("lock", key = %key))
 }
 
 impl Drop for Lease {

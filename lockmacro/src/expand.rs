@@ -143,22 +143,42 @@ fn lock_options(config: &Configuration, private: &Path) -> TokenStream {
     if config.fair {
         options.extend(quote_spanned!(Span::mixed_site()=> .fair(true)));
     }
-    let ttl = length(private, "ttl", config.ttl.as_ref());
-    let wait = length(private, "wait", config.wait.as_ref());
-    let hold = length(private, "hold_at_least", config.hold_at_least.as_ref());
+    // Literal lengths join the chain (checked here already: the options are then a constant
+    // the compiler folds); lengths given as expressions are checked when called.
+    let lengths = [
+        ("ttl", config.ttl.as_ref()),
+        ("wait", config.wait.as_ref()),
+        ("hold_at_least", config.hold_at_least.as_ref()),
+    ];
+    for (argument, length) in lengths {
+        if let Some(Length::Millis(millis)) = length {
+            let setter = format_ident!("{argument}", span = Span::mixed_site());
+            options.extend(quote_spanned!(Span::mixed_site()=>
+                .#setter(#private::Duration::from_millis(#millis))
+            ));
+        }
+    }
+    if !lengths
+        .iter()
+        .any(|(_, length)| matches!(length, Some(Length::Expr(_))))
+    {
+        return quote_spanned!(Span::mixed_site()=>
+            ::core::result::Result::Ok::<#private::LockOptions, #private::LockError>(#options)
+        );
+    }
+    let [ttl, wait, hold] =
+        lengths.map(|(argument, length)| self::length(private, argument, length));
     quote_spanned!(Span::mixed_site()=> #private::options(#options, #ttl, #wait, #hold))
 }
 
-/// An `Option<Result<Duration, LockError>>`: a literal's milliseconds, or the expression's value
-/// converted (and checked) when called, spanned at it so a wrong type is reported there.
+/// An `Option<Result<Duration, LockError>>`: the expression's value converted (and checked)
+/// when called, spanned at it so a wrong type is reported there; `None` for a length not given
+/// or given as a literal (in the options already).
 fn length(private: &Path, argument: &str, length: Option<&Length>) -> TokenStream {
     match length {
-        None => quote_spanned!(Span::mixed_site()=> ::core::option::Option::None),
-        Some(Length::Millis(millis)) => quote_spanned!(Span::mixed_site()=>
-            ::core::option::Option::Some(::core::result::Result::Ok(
-                #private::Duration::from_millis(#millis)
-            ))
-        ),
+        None | Some(Length::Millis(_)) => {
+            quote_spanned!(Span::mixed_site()=> ::core::option::Option::None)
+        }
         Some(Length::Expr(value)) => quote_spanned!(at(value)=>
             ::core::option::Option::Some(#private::length(#argument, &(#value)))
         ),

@@ -37,6 +37,8 @@ pub async fn holder(server: &RedisServer, key: &str) -> Option<String> {
     get(server, key)
         .await
         .map(|value| protocol::holder_token(&value).to_owned())
+        // A free key a watch follows holds the watch's mark alone: no holder.
+        .filter(|token| !token.is_empty())
 }
 
 /// Waits until `check` holds, for events the library does not announce (a background release):

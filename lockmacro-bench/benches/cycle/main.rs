@@ -2,10 +2,12 @@
 //! `cargo bench -p lockmacro-bench --bench cycle`.
 //!
 //! One `redis-server` for the run; each system (redis-rs alone sending `SET NX PX` + the
-//! compare-and-delete `EVALSHA` through one multiplexed connection, and lockmacro's `run_locked`)
-//! runs as a child process of this binary, for W1 (one task) and W2 (64 tasks, a key each),
-//! interleaved A B A B … over 5 repetitions. It prints cycles/s and the child's CPU per cycle
-//! (`getrusage`, whole process), ours ÷ redis-rs alone paired by repetition, median and range.
+//! compare-and-delete `EVALSHA` through one multiplexed connection, lockmacro's `run_locked`,
+//! and lockmacro through `#[redis_lock]` as users write it: `lockmacro-attr`) runs as a child
+//! process of this binary, for W1 (one task) and W2 (64 tasks, a key each), interleaved
+//! A B C A B C … over 5 repetitions. It prints cycles/s, the child's CPU per cycle (`getrusage`,
+//! whole process) and the Redis servers' CPU per cycle (`/proc`, every server of the
+//! deployment), each ours ÷ redis-rs alone paired by repetition, median and range.
 //!
 //! `… --bench cycle -- W1c W2c` runs the same on a 3-master Redis Cluster instead: redis-rs's
 //! cluster connection alone sending the lock's two commands there (`ClusterFloor`), against
@@ -36,12 +38,12 @@ use std::future::Future;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lockmacro_runtime::{LockClient, LockOptions};
+use lockmacro_runtime::{LockClient, LockError, LockOptions, redis_lock};
 use redis::aio::MultiplexedConnection;
 use testkit::{RedisCluster, RedisServer};
 
 use floor::{ClusterFloor, Floor, RedlockFloor};
-use measure::{median, micros, process_cpu};
+use measure::{median, micros, process_cpu, process_cpu_of, server_pid};
 
 const CHILD: &str = "--cycle-child";
 const RESULT: &str = "cycle-result ";
@@ -51,12 +53,21 @@ const RUN: Duration = Duration::from_secs(2);
 const OPTIONS: LockOptions = LockOptions::new()
     .ttl(Duration::from_secs(3))
     .max_renewals(3);
-const SYSTEMS: [&str; 2] = ["redis-rs", "lockmacro"];
+/// The floor first; `-attr`: the same cycle through `#[redis_lock]` ([`attr_cycle`]).
+const SYSTEMS: [&str; 3] = ["redis-rs", "lockmacro", "lockmacro-attr"];
 /// The same on a Redis Cluster of [`MASTERS`], its floor first.
-const CLUSTER_SYSTEMS: [&str; 2] = ["redis-rs-cluster", "lockmacro-cluster"];
+const CLUSTER_SYSTEMS: [&str; 3] = [
+    "redis-rs-cluster",
+    "lockmacro-cluster",
+    "lockmacro-cluster-attr",
+];
 const MASTERS: usize = 3;
 /// The same on a Redlock of [`MASTERS`] independent servers, its floor first.
-const REDLOCK_SYSTEMS: [&str; 2] = ["redis-rs-redlock", "lockmacro-redlock"];
+const REDLOCK_SYSTEMS: [&str; 3] = [
+    "redis-rs-redlock",
+    "lockmacro-redlock",
+    "lockmacro-redlock-attr",
+];
 /// The lock's response timeout (`LockClientBuilder`'s default), and the cluster floor's with
 /// [`FLOOR_TIMEOUT`].
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -72,14 +83,16 @@ fn main() {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let (cps, cpu) = match system.as_str() {
-            "redis-rs" | "lockmacro" => runtime.block_on(child(system, url, tasks)),
-            "redis-rs-redlock" | "lockmacro-redlock" => {
+        let (cps, cpu, redis_cpu) = match system.as_str() {
+            "redis-rs" | "lockmacro" | "lockmacro-attr" => {
+                runtime.block_on(child(system, url, tasks))
+            }
+            "redis-rs-redlock" | "lockmacro-redlock" | "lockmacro-redlock-attr" => {
                 runtime.block_on(redlock_child(system, url, tasks))
             }
             _ => runtime.block_on(cluster_child(system, url, tasks)),
         };
-        println!("{RESULT}{cps} {cpu}");
+        println!("{RESULT}{cps} {cpu} {redis_cpu}");
         return;
     }
     let reps =
@@ -119,7 +132,7 @@ fn main() {
         .join(",");
     let perf = std::env::var("CYCLE_PERF").ok();
     println!(
-        "| workload | system | cycles/s | client CPU per cycle | cycles/s ÷ its floor | CPU per cycle ÷ its floor |\n|---|---|---:|---:|---:|---:|"
+        "| workload | system | cycles/s | client CPU per cycle | Redis CPU per cycle | cycles/s ÷ its floor | client CPU ÷ its floor | Redis CPU ÷ its floor |\n|---|---|---:|---:|---:|---:|---:|---:|"
     );
     for (workload, tasks, deployment) in workloads {
         let (systems, url) = match deployment {
@@ -127,7 +140,7 @@ fn main() {
             Deployment::Cluster => (CLUSTER_SYSTEMS, seeds.clone()),
             Deployment::Redlock => (REDLOCK_SYSTEMS, masters.clone()),
         };
-        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); systems.len()];
+        let mut runs: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); systems.len()];
         for rep in 0..reps {
             for (i, system) in systems.iter().enumerate() {
                 let exe = std::env::current_exe().expect("this binary");
@@ -154,7 +167,8 @@ fn main() {
                     .find_map(|line| line.strip_prefix(RESULT))
                     .unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&output.stderr)));
                 let mut figures = line.split(' ').map(|f| f.parse::<f64>().unwrap());
-                runs[i].push((figures.next().unwrap(), figures.next().unwrap()));
+                let mut figure = || figures.next().unwrap();
+                runs[i].push((figure(), figure(), figure()));
             }
         }
         let spread = |values: &[f64]| {
@@ -165,7 +179,8 @@ fn main() {
         for (i, system) in systems.iter().enumerate() {
             let cps: Vec<f64> = runs[i].iter().map(|r| r.0).collect();
             let cpu: Vec<f64> = runs[i].iter().map(|r| r.1).collect();
-            let ratio = |f: fn(&(f64, f64)) -> f64| -> Vec<f64> {
+            let redis_cpu: Vec<f64> = runs[i].iter().map(|r| r.2).collect();
+            let ratio = |f: fn(&(f64, f64, f64)) -> f64| -> Vec<f64> {
                 runs[i]
                     .iter()
                     .zip(&runs[0])
@@ -173,11 +188,13 @@ fn main() {
                     .collect()
             };
             println!(
-                "| {workload} | {system} | {:.0} | {} µs | {}× | {}× |",
+                "| {workload} | {system} | {:.0} | {} µs | {} µs | {}× | {}× | {}× |",
                 median(cps.iter().copied()),
                 spread(&cpu),
+                spread(&redis_cpu),
                 spread(&ratio(|r| r.0)),
                 spread(&ratio(|r| r.1)),
+                spread(&ratio(|r| r.2)),
             );
         }
     }
@@ -198,19 +215,20 @@ enum Deployment {
     Redlock,
 }
 
-/// One system's lock cycle, as each of a child's tasks runs it on a key of its own.
+/// One system's lock cycle, as each of a child's tasks runs it on a key of its own: `key`,
+/// which is `cycle:{task}`.
 trait Cycle: Clone + Send + 'static {
-    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send;
+    fn cycle(&mut self, task: usize, key: &str) -> impl Future<Output = ()> + Send;
 }
 
 impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Cycle for Floor<C> {
-    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
+    fn cycle(&mut self, _: usize, key: &str) -> impl Future<Output = ()> + Send {
         Floor::cycle(self, key)
     }
 }
 
 impl Cycle for RedlockFloor {
-    fn cycle(&mut self, key: &str) -> impl Future<Output = ()> + Send {
+    fn cycle(&mut self, _: usize, key: &str) -> impl Future<Output = ()> + Send {
         RedlockFloor::cycle(self, key)
     }
 }
@@ -220,7 +238,7 @@ impl Cycle for RedlockFloor {
 struct RunLocked(LockClient);
 
 impl Cycle for RunLocked {
-    async fn cycle(&mut self, key: &str) {
+    async fn cycle(&mut self, _: usize, key: &str) {
         self.0
             .run_locked(key, OPTIONS, async {})
             .await
@@ -228,8 +246,25 @@ impl Cycle for RunLocked {
     }
 }
 
+/// The cycle through the attribute, as users write it: the key `cycle:{task}` rendered by the
+/// attribute from the task's number, the options its arguments (the same as [`OPTIONS`]).
+#[redis_lock(prefix = "cycle", key = task, ttl = 3, max_renewals = 3, client = locks)]
+async fn attr_cycle(locks: &LockClient, task: usize) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// lockmacro through `#[redis_lock]` with an empty body.
+#[derive(Clone)]
+struct Attr(LockClient);
+
+impl Cycle for Attr {
+    async fn cycle(&mut self, task: usize, _: &str) {
+        attr_cycle(&self.0, task).await.expect("#[redis_lock]");
+    }
+}
+
 /// Runs `system` (`redis-rs` or `lockmacro`) on one Redis: see [`drive`].
-async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
+async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64, f64) {
     let client = redis::Client::open(url).expect("url");
     let connection = client
         .get_multiplexed_async_connection()
@@ -237,13 +272,13 @@ async fn child(system: &str, url: &str, tasks: usize) -> (f64, f64) {
         .expect("connection");
     let floor = Floor::new(connection).await;
     let locks = LockClient::connect(url).await.expect("LockClient");
-    drive_either(system, locks, floor, tasks).await
+    drive_either(system, locks, floor, tasks, &[url]).await
 }
 
 /// Runs `system` (`redis-rs-cluster` or `lockmacro-cluster`) on the cluster seeded by `urls`
 /// (joined by commas): see [`drive`]. Each process opens both systems' connections, as [`child`]
 /// does, so that the two differ only in the cycle.
-async fn cluster_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
+async fn cluster_child(system: &str, urls: &str, tasks: usize) -> (f64, f64, f64) {
     let urls: Vec<&str> = urls.split(',').collect();
     let mut floor = redis::cluster::ClusterClient::builder(urls.clone());
     if std::env::var_os(FLOOR_TIMEOUT).is_some() {
@@ -256,18 +291,18 @@ async fn cluster_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
         .await
         .expect("cluster connection");
     let floor = ClusterFloor::cluster(connection).await;
-    let locks = LockClient::cluster_builder(urls)
+    let locks = LockClient::cluster_builder(urls.clone())
         .response_timeout(RESPONSE_TIMEOUT)
         .build()
         .await
         .expect("cluster LockClient");
-    drive_either(system, locks, floor, tasks).await
+    drive_either(system, locks, floor, tasks, &urls).await
 }
 
 /// Runs `system` (`redis-rs-redlock` or `lockmacro-redlock`) on the Redlock of the masters at
 /// `urls` (joined by commas): see [`drive`]. Each process opens both systems' connections, as
 /// [`child`] does.
-async fn redlock_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
+async fn redlock_child(system: &str, urls: &str, tasks: usize) -> (f64, f64, f64) {
     let urls: Vec<&str> = urls.split(',').collect();
     let mut connections: Vec<MultiplexedConnection> = Vec::new();
     for url in &urls {
@@ -280,26 +315,40 @@ async fn redlock_child(system: &str, urls: &str, tasks: usize) -> (f64, f64) {
         .build()
         .await
         .expect("Redlock LockClient");
-    drive_either(system, locks, floor, tasks).await
+    drive_either(system, locks, floor, tasks, &urls).await
 }
 
-/// Drives `locks` when `system` is one of lockmacro's (`lockmacro…`), else its `floor`: each
-/// child opens both, so that the two systems differ only in the cycle.
+/// Drives `locks` when `system` is one of lockmacro's (`lockmacro…`, through the attribute
+/// when it ends in `-attr`), else its `floor`: each child opens both, so that the systems
+/// differ only in the cycle. `servers` are the URLs of every server of the deployment, whose
+/// CPU is counted.
 async fn drive_either(
     system: &str,
     locks: LockClient,
     floor: impl Cycle,
     tasks: usize,
-) -> (f64, f64) {
-    match system.starts_with("lockmacro") {
-        true => drive(RunLocked(locks), tasks).await,
-        false => drive(floor, tasks).await,
+    servers: &[&str],
+) -> (f64, f64, f64) {
+    let mut pids = Vec::new();
+    for url in servers {
+        let client = redis::Client::open(*url).expect("url");
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection");
+        pids.push(server_pid(&mut connection).await);
+    }
+    match (system.starts_with("lockmacro"), system.ends_with("-attr")) {
+        (true, true) => drive(Attr(locks), tasks, &pids).await,
+        (true, false) => drive(RunLocked(locks), tasks, &pids).await,
+        _ => drive(floor, tasks, &pids).await,
     }
 }
 
-/// Runs `system` with `tasks` tasks for a warm-up, then [`RUN`]: cycles/s and CPU µs per cycle.
-/// With [`COUNT`], a fixed number of cycles per task and no warm-up, and no figures.
-async fn drive(system: impl Cycle, tasks: usize) -> (f64, f64) {
+/// Runs `system` with `tasks` tasks for a warm-up, then [`RUN`]: cycles/s, CPU µs per cycle
+/// of this process and of the servers `pids` together. With [`COUNT`], a fixed number of
+/// cycles per task and no warm-up, and no figures.
+async fn drive(system: impl Cycle, tasks: usize, pids: &[u32]) -> (f64, f64, f64) {
     let run = |duration: Duration, count: Option<u64>| {
         let system = system.clone();
         async move {
@@ -313,7 +362,7 @@ async fn drive(system: impl Cycle, tasks: usize) -> (f64, f64) {
                     let key = format!("cycle:{task}");
                     let mut cycles = 0u64;
                     while count.map_or(Instant::now() < deadline, |count| cycles < count) {
-                        system.cycle(&key).await;
+                        system.cycle(task, &key).await;
                         cycles += 1;
                     }
                     cycles
@@ -332,14 +381,22 @@ async fn drive(system: impl Cycle, tasks: usize) -> (f64, f64) {
             .parse()
             .expect("CYCLE_COUNT: a number of cycles per task");
         run(Duration::ZERO, Some(cycles)).await;
-        return (0.0, 0.0);
+        return (0.0, 0.0, 0.0);
     }
     run(RUN / 5, None).await;
-    let (cpu_before, started) = (process_cpu(), Instant::now());
+    let servers_cpu = || {
+        pids.iter()
+            .map(|&pid| process_cpu_of(pid))
+            .sum::<Duration>()
+    };
+    let (cpu_before, redis_before, started) = (process_cpu(), servers_cpu(), Instant::now());
     let cycles = run(RUN, None).await;
     let cpu = process_cpu() - cpu_before;
+    let redis_cpu = servers_cpu() - redis_before;
+    let cycles = cycles.max(1) as f64;
     (
-        cycles as f64 / started.elapsed().as_secs_f64(),
-        micros(cpu) / cycles.max(1) as f64,
+        cycles / started.elapsed().as_secs_f64(),
+        micros(cpu) / cycles,
+        micros(redis_cpu) / cycles,
     )
 }

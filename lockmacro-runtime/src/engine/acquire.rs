@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::{Engine, Waited, new_token, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
+use crate::inspect::hint;
 use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
 use crate::right::ReleaseRight;
@@ -156,7 +157,7 @@ impl Engine {
                     sent_at,
                 ));
                 self.hold(lease.clone());
-                tracing::debug!(key = %key, ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
+                tracing::debug!(key = %key, token_hint = %hint(token), ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
                 Ok(Attempt::Taken(lease))
             }
             Ok(Acquired::Busy {

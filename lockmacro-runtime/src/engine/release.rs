@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{Engine, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
+use crate::inspect::hint;
 use crate::metrics;
 use crate::options::LockKind;
 use crate::right::ReleaseRight;
@@ -69,7 +70,7 @@ impl Engine {
             hold_until: None,
             undone: false,
         };
-        tracing::debug!(key = %lease.key, "handing the lock to the next waiter of this client");
+        tracing::debug!(key = %lease.key, token_hint = %hint(lease.token()), to = %hint(&next.token), "handing the lock to the next waiter of this client");
         let sent_at = clock::now();
         let outcome = metrics::timed("hand_over", store.hand_over(lease.lease_ref(), to)).await;
         let outcome = match outcome {
@@ -99,7 +100,7 @@ impl Engine {
                     sent_at,
                 ));
                 self.hold(handed.clone());
-                tracing::debug!(key = %lease.key, "lock handed to the next waiter of this client");
+                tracing::debug!(key = %lease.key, token_hint = %hint(lease.token()), to = %hint(&next.token), "lock handed to the next waiter of this client");
                 // Nobody else knows the new lease yet: its right is free to claim. A waiter gone
                 // meanwhile gets it back here, and dropping it releases the lease.
                 if let Some(right) = ReleaseRight::claim(&handed, self) {

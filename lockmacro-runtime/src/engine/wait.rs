@@ -14,6 +14,7 @@ use super::acquire::{Attempt, Looking};
 use super::{Engine, Waited, new_token};
 use crate::clock;
 use crate::error::LockError;
+use crate::inspect::hint;
 use crate::metrics::Prefix;
 use crate::options::{LockKind, LockOptions};
 use crate::state::LeaseState;
@@ -290,7 +291,7 @@ impl Engine {
             && self.store.hands_over().is_some();
         let _parked = ticket.park(parking.starving);
         let mut offer = takes_hand_over.then(|| {
-            tracing::debug!(key = %key, "parked until the lock's release; a release by this client hands it over");
+            tracing::debug!(key = %key, token_hint = %hint(token), "parked until the lock is released or handed to this caller");
             ticket.offer(token, options)
         });
         let handed_elsewhere = async {
@@ -304,7 +305,7 @@ impl Engine {
             let settled = tokio::select! {
                 () = ticket.released_or(parking.fallback, parking.heard) => None,
                 () = &mut handed_elsewhere => {
-                    tracing::debug!(key = %key, "the lock was handed to this caller by a release");
+                    tracing::debug!(key = %key, token_hint = %hint(token), "the lock was handed to this caller by a release");
                     None
                 }
                 handing = Offer::settled(&mut offer) => Some(handing),

@@ -127,13 +127,8 @@ pub(crate) async fn look(
 /// Marks `key` as followed by a watch, for [`protocol::WATCH_MARK_LIFE`]: until then each of
 /// its releases is announced (a key named as its release channel, see [`protocol`]).
 pub(crate) async fn mark_watched(commands: &dyn Commands, key: &str) -> Result<(), StoreError> {
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(beside(commands, key, |k| {
-        commands.names().release_channel(k)
-    })?)
-    .arg("1")
-    .arg("PX")
-    .arg(crate::clock::millis(protocol::WATCH_MARK_LIFE));
+    let mark = beside(commands, key, |k| commands.names().release_channel(k))?;
+    let cmd = scripts::watch(key, &mark, protocol::WATCH_MARK_LIFE);
     commands.on_key(key, &cmd).await.map(drop)
 }
 

@@ -54,6 +54,13 @@ pub(crate) const FORCE_RELEASE_LUA: &str = include_str!("scripts/force_release.l
 pub(crate) const ACQUIRE_MANY_LUA: &str = with_waiters!("scripts/acquire_many.lua");
 pub(crate) const RELEASE_MANY_LUA: &str = include_str!("scripts/release_many.lua");
 pub(crate) const LEAVE_LUA: &str = include_str!("scripts/leave.lua");
+/// The uncontended release: a compare-and-delete that reads the lock alone.
+pub(crate) const RELEASE_PLAIN_LUA: &str = include_str!("scripts/release_plain.lua");
+/// A watch's mark on the lock it follows; what a key holds read as the acquire scripts read it.
+pub(crate) const WATCH_LUA: &str = concat!(
+    include_str!("scripts/values.lua"),
+    include_str!("scripts/watch.lua")
+);
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
@@ -65,9 +72,12 @@ pub(crate) static FORCE_RELEASE: LazyLock<Script> =
 pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_MANY_LUA));
 pub(crate) static RELEASE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_MANY_LUA));
 pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(LEAVE_LUA));
+pub(crate) static RELEASE_PLAIN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_PLAIN_LUA));
+pub(crate) static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(WATCH_LUA));
 
 /// Every script, for loading them up front on a new connection.
-pub(crate) const ALL: [&str; 9] = [
+pub(crate) const ALL: [&str; 11] = [
     ACQUIRE_LUA,
     RELEASE_LUA,
     EXTEND_LUA,
@@ -77,6 +87,8 @@ pub(crate) const ALL: [&str; 9] = [
     ACQUIRE_MANY_LUA,
     RELEASE_MANY_LUA,
     LEAVE_LUA,
+    RELEASE_PLAIN_LUA,
+    WATCH_LUA,
 ];
 
 /// Keys per extend-script call: bounds how long one script blocks Redis (about 0.2 ms per 500).
@@ -320,6 +332,55 @@ impl Announce {
             cmd.arg("undo");
         }
     }
+}
+
+/// What the plain release ([`release_plain`]) answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlainRelease {
+    /// Ours, and gone now.
+    Released,
+    /// Not ours (gone, or another's): nothing changed.
+    NotOurs,
+    /// Ours but marked (waited for, owed, watched): nothing changed; [`release`] tells them.
+    Marked,
+}
+
+impl PlainRelease {
+    /// The script's reply read.
+    pub(crate) fn of(reply: i64) -> Self {
+        match reply {
+            1 => Self::Released,
+            2 => Self::Marked,
+            _ => Self::NotOurs,
+        }
+    }
+}
+
+/// Whether `lease`'s release may be [`release_plain`]: an exclusive lock of one key, freed now
+/// (no `hold_at_least` left) by the holder that won it. Anything else is [`release`]'s.
+pub(crate) fn releases_plainly(lease: &LeaseRef<'_>) -> bool {
+    lease.kind == LockKind::Exclusive
+        && lease.keys.is_empty()
+        && !lease.undone
+        && lease.kept_for().is_none()
+}
+
+/// The uncontended release (release_plain.lua): a compare-and-delete of `lease`'s key that
+/// reads nothing but the lock, as redis-rs alone's would. A marked key is left as it is,
+/// answered [`PlainRelease::Marked`]: whatever a waiter or a watch needs is then
+/// [`release`]'s, and paid by the releases they follow, not by every release.
+pub(crate) fn release_plain(lease: &LeaseRef<'_>) -> redis::Cmd {
+    let mut cmd = evalsha(&RELEASE_PLAIN, 1, 2, lease.key.len() + lease.value.len());
+    cmd.arg(lease.key).arg(lease.value);
+    cmd
+}
+
+/// The watch's mark on `key` (watch.lua): `mark` names it (the key's release channel), for
+/// `life`.
+pub(crate) fn watch(key: &str, mark: &str, life: Duration) -> redis::Cmd {
+    let mut cmd = evalsha(&WATCH, 2, 3, key.len() + mark.len() + 8);
+    cmd.arg(key).arg(mark).arg(millis(life));
+    cmd
 }
 
 /// The compare-and-delete script, announcing the release on `channel`; while the lease's

@@ -18,7 +18,7 @@ use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
 use super::inspect::{self, Commands, Cursor, Page, Snapshot};
 use super::protocol::{self, AcquireNames, Names};
-use super::scripts::{self, Announce};
+use super::scripts::{self, Announce, PlainRelease};
 use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, HandOver, HandsOver, LeaseRef, ManyRequest,
     OwnedLease, ReleaseFeed, Renewal, Settings, Store, StoreError, TimedOut, release_until_settled,
@@ -696,6 +696,16 @@ impl<T: Transport> Store for RedisStore<T> {
         Box::pin(async move {
             if !lease.keys.is_empty() {
                 return self.release_many(lease).await;
+            }
+            if scripts::releases_plainly(&lease) {
+                // A key nobody waits for or watches: the compare-and-delete alone. A marked
+                // key (waited for, owed, watched) is told by the full release script.
+                let plain = scripts::release_plain(&lease);
+                match PlainRelease::of(self.run_script(lease.key, &plain).await?) {
+                    PlainRelease::Released => return Ok(true),
+                    PlainRelease::NotOurs => return Ok(false),
+                    PlainRelease::Marked => {}
+                }
             }
             let cmd = self.release_cmd(lease)?;
             Ok(self.run_script(lease.key, &cmd).await? == 1)

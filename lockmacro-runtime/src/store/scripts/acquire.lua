@@ -30,7 +30,7 @@ local fair, waiting = ARGV[6] == '1', ARGV[7] == '1'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
-local ktype, stored, foreign = look_at(key)
+local ktype, stored, foreign, watched = look_at(key)
 if foreign then
   return {-1, foreign}
 end
@@ -102,8 +102,9 @@ end
 
 if kind == 'x' then
   if ktype == 'none' then
-    -- Fair waiters all look at each release: a fair holder's is always announced.
-    redis.call('SET', key, fair and (value .. '+') or value, 'PX', ttl)
+    -- Fair waiters all look at each release: a fair holder's is always announced, as a
+    -- watched key's holder's.
+    redis.call('SET', key, (fair or watched) and (value .. '+') or value, 'PX', ttl)
   elseif ktype == 'string' and token_of(stored) == token then
     -- Ours already: a call retried after it ran, or the key handed to this waiter by a
     -- release. It takes this attempt's value and the ttl from now; a waiter's mark and a
@@ -125,6 +126,8 @@ else
   if ktype == 'string' or (ktype == 'hash' and redis.call('HGET', key, 'kind') ~= tag) then
     return busy(free_in())
   end
+  -- A watch's mark on the free key gives way to the hash.
+  if watched then redis.call('DEL', key) end
   -- A call retried after it already ran finds its own field.
   if redis.call('HEXISTS', key, value) == 0 then
     if kind == 'r' then

@@ -18,13 +18,13 @@
 local n = #KEYS / 2
 local value, ttl, waiting = ARGV[1], ARGV[2], ARGV[3] == '1'
 local token = token_of(value)
-local stored, busy = {}, nil
+local stored, watched, busy = {}, {}, nil
 for i = 1, n do
-  local ktype, v, foreign = look_at(KEYS[i])
+  local ktype, v, foreign, followed = look_at(KEYS[i])
   if foreign then
     return {-1, i, foreign}
   end
-  stored[i] = v
+  stored[i], watched[i] = v, followed
   -- A hash is a shared lock (readers, permits): busy.
   if ktype == 'hash' or (v and token_of(v) ~= token) then
     busy = busy or i
@@ -57,6 +57,8 @@ for i = 1, n do
   if stored[i] then
     local _, after = parts(stored[i])
     if after then taken = value .. '+' .. after end
+  elseif watched[i] then
+    taken = value .. '+'
   end
   redis.call('SET', KEYS[i], taken, 'PX', ttl)
   if waiting then served(KEYS[n + i], token, now) end

@@ -41,6 +41,9 @@ if marked then
   -- next holder is served.
   if owed_token == next_token then after = '' end
   next_value = next_value .. '+' .. after
+elseif found[2] then
+  -- Watched: the next holder's release is announced too (see watch.lua).
+  next_value = next_value .. '+'
 end
 redis.call('SET', key, next_value, 'PX', ARGV[3])
 -- The next holder waited: it is served (see values.lua).

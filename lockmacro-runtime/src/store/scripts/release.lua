@@ -22,6 +22,17 @@
 -- `scripts.rs` follows this with holders.lua and release_shared.lua, the shared lock's paths:
 -- an exclusive lock's release returns before them and pays nothing for their helpers.
 local key, token = KEYS[1], ARGV[1]
+
+-- Frees `key`; while a watch follows it (`watch`, its mark's value), the watch's mark takes
+-- its place (see watch.lua), so that the next holder is marked and its release announced too.
+local function free(key, mark_name, watch)
+  local life = watch and redis.call('PTTL', mark_name) or 0
+  if life > 0 then
+    redis.call('SET', key, '+', 'PX', life)
+  else
+    redis.call('DEL', key)
+  end
+end
 -- `kept`: hold_at_least, the key is not freed yet. It keeps its holder's value (a shared lock,
 -- its holder's field) and expires when the hold is over, longer or sooner than its lease.
 -- Nothing is free, but the key's end moved: whoever waits or watches is told to look again (an
@@ -65,7 +76,7 @@ if holder then
       redis.call(publish, KEYS[2], message .. '>' .. string.match(next_value, '^[^;]*'))
       return 1
     end
-    redis.call('DEL', key)
+    free(key, KEYS[2], found[2])
   end
   if marked or found[2] then
     redis.call(sharded and 'SPUBLISH' or 'PUBLISH', KEYS[2], message)

@@ -55,7 +55,13 @@ for i = 1, n do
       redis.call('SET', KEYS[i], next[3] .. '+', 'PX', next[1])
       redis.call(publish, KEYS[n + i], message .. '>' .. string.match(next[3], '^[^;]*'))
     else
-      redis.call('DEL', KEYS[i])
+      -- A watched key keeps the watch's mark (see release.lua and watch.lua).
+      local life = found[n + i] and redis.call('PTTL', KEYS[n + i]) or 0
+      if life > 0 then
+        redis.call('SET', KEYS[i], '+', 'PX', life)
+      else
+        redis.call('DEL', KEYS[i])
+      end
       if listened then redis.call(publish, KEYS[n + i], message) end
     end
     released = released + 1
