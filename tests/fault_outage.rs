@@ -180,7 +180,7 @@ fn concurrent_first_callers_on_a_runtime_open_one_connection() {
     let opened = connections_received(&server) - connections_before - 1;
     let loads = command_calls(&server, "script|load") - loads_before;
     assert_eq!(opened, 1, "connections opened by 50 first callers");
-    // Acquire, release, extend, hand-over, inspect, force-release, the multi-key acquire and
-    // release, and a waiter's leave.
-    assert_eq!(loads, 9, "one SCRIPT LOAD of each script");
+    // Acquire, the plain and the announcing release, extend, hand-over, inspect, force-release,
+    // the multi-key acquire and release, a waiter's leave, and a watch's look.
+    assert_eq!(loads, 11, "one SCRIPT LOAD of each script");
 }

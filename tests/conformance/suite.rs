@@ -1170,6 +1170,11 @@ pub async fn a_forced_release_reaches_its_holder_at_once_whatever_its_ttl(
                 lease.run(std::future::pending::<()>()).await
             }));
         }
+        // The holder's client listens once it holds a lease (a release before that is found
+        // by the look it makes when its subscription opens: the restart test covers that).
+        deployment
+            .waiter_subscribed(lockmacro_runtime::protocol::FORCED_RELEASES)
+            .await;
         let forced_at = Instant::now();
         assert!(operator.force_release(key).await.unwrap(), "{key} was held");
         for holder in held {
