@@ -105,7 +105,8 @@ struct Scenario {
     calls: Vec<Call>,
 }
 
-fn scenario(fencing: bool) -> impl Strategy<Value = Scenario> {
+/// `fencing` and `fair` where the deployment offers them (Redlock offers neither).
+fn scenario(fencing: bool, fair: bool) -> impl Strategy<Value = Scenario> {
     let kind = prop_oneof![
         4 => Just(Kind::Exclusive),
         2 => Just(Kind::Read),
@@ -121,7 +122,7 @@ fn scenario(fencing: bool) -> impl Strategy<Value = Scenario> {
         0usize..2,
         kind,
         any::<bool>().prop_map(move |on| on && fencing),
-        prop::bool::weighted(0.25),
+        prop::bool::weighted(0.25).prop_map(move |on| on && fair),
         wait,
         0u64..40,
         0u64..=MAX_HOLD_MS,
@@ -375,6 +376,7 @@ fn generate(deployment: &impl Deployment, name: &str, cases: u32) {
         &runtime,
         &clients,
         deployment.offers_fencing(),
+        true,
         limit,
         name,
         cases,
@@ -404,19 +406,26 @@ fn run_cases(
     runtime: &tokio::runtime::Runtime,
     clients: &[LockClient],
     fencing: bool,
+    fair: bool,
     free_sleep_limit: Option<[Duration; 2]>,
     name: &str,
     cases: u32,
 ) {
     let longest = std::cell::Cell::new([Duration::ZERO; 2]);
-    let ran = common::run_generated(name, cases, 64, &scenario(fencing), |case, scenario| {
-        runtime.block_on(async {
-            let (outcomes, model) = run(&scenario, &clients[..scenario.clients], case).await;
-            let (seen, now) = (longest.get(), model.longest_free_sleep);
-            longest.set([seen[PLAIN].max(now[PLAIN]), seen[FAIR].max(now[FAIR])]);
-            check(&scenario, &outcomes, &model, free_sleep_limit)
-        })
-    });
+    let ran = common::run_generated(
+        name,
+        cases,
+        64,
+        &scenario(fencing, fair),
+        |case, scenario| {
+            runtime.block_on(async {
+                let (outcomes, model) = run(&scenario, &clients[..scenario.clients], case).await;
+                let (seen, now) = (longest.get(), model.longest_free_sleep);
+                longest.set([seen[PLAIN].max(now[PLAIN]), seen[FAIR].max(now[FAIR])]);
+                check(&scenario, &outcomes, &model, free_sleep_limit)
+            })
+        },
+    );
     let [plain, fair] = longest.get();
     eprintln!(
         "{name}: {ran} cases; longest sleep on a free key: {plain:?} (a fair waiter alone: {fair:?})"
@@ -487,7 +496,7 @@ fn generate_on_redlock(mut quorum: Redlock, restart_one: bool, name: &str) {
         // After the clients subscribed: the restarted master's subscriptions are gone.
         quorum.servers[2].restart();
     }
-    run_cases(&runtime, &clients, false, None, name, 24);
+    run_cases(&runtime, &clients, false, false, None, name, 24);
 }
 
 #[test]

@@ -188,6 +188,19 @@ impl RedlockStore {
                 "a majority took the lock only after {elapsed:?}, past the lease's validity"
             )));
         }
+        if taken + busy.len() >= quorum {
+            // A majority answered, split between us and another holder or racer: neither has
+            // the lock for sure, and the racers' attempts are being undone as ours was. Look
+            // again soon (jittered, so the racers spread out), inside the caller's wait; a
+            // caller that fails fast is told to come back as soon.
+            let key = busy.iter().map(|(key, ..)| *key).min().unwrap_or(0);
+            let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
+            return Ok(AcquiredMany::Busy {
+                key,
+                remaining: Some(retry),
+                estimate: Some(retry),
+            });
+        }
         Err(StoreError::NoQuorum {
             answered: taken.max(busy.len()),
             needed: quorum,
@@ -235,6 +248,16 @@ impl Store for RedlockStore {
         budget: Duration,
     ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
         Box::pin(async move {
+            if request.fair {
+                return Err(StoreError::from(LockError::InvalidOptions {
+                    message: "`fair = true` is not offered over Redlock: each master queues the \
+                              waiters in the order their attempts reach it, and those orders \
+                              differ, so no waiter need head a majority of the queues and \
+                              arrival order cannot be promised; wait without `fair` (a waiter \
+                              that waited too long still goes first)"
+                        .into(),
+                }));
+            }
             if request.fencing {
                 return Err(StoreError::from(LockError::InvalidOptions {
                     message: "fencing tokens are not offered over Redlock: the largest counter \
