@@ -1769,8 +1769,10 @@ pub async fn a_key_that_holds_no_lock_is_never_written(deployment: &impl Deploym
             opts(1_000).wait(wait),
             opts(1_000).read().wait(wait),
             opts(1_000).permits(2),
-            opts(1_000).fair(true).wait(wait),
         ];
+        if deployment.offers_fair() {
+            kinds.push(opts(1_000).fair(true).wait(wait));
+        }
         if deployment.offers_fencing() {
             kinds.push(opts(1_000).fencing(true).wait(wait));
         }
