@@ -1153,6 +1153,87 @@ impl QuorumFeed {
     }
 }
 
+/// A call on every live subscription of a [`QuorumFeed`].
+#[derive(Debug, Clone, Copy)]
+enum FeedCall {
+    Watch,
+    Unwatch,
+    Settle,
+}
+
+impl QuorumFeed {
+    /// How long the other subscriptions have to confirm a call once one did; one that has not
+    /// by then is dropped and opened again beside the feed (a master gone silent would hold up
+    /// every waiter's subscription for a whole response timeout).
+    const LAGGARD: Duration = Duration::from_millis(100);
+
+    /// `call` for `key` on every live subscription at once: done once one confirmed and the
+    /// others did too or [`LAGGARD`](Self::LAGGARD) passed; an error when none confirmed.
+    async fn on_live_feeds(&mut self, key: &str, call: FeedCall) -> Result<(), StoreError> {
+        self.drop_out_of_path();
+        let mut asked: FuturesUnordered<_> = self
+            .feeds
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, feed)| {
+                let feed = feed.as_mut()?;
+                Some(async move {
+                    let done = match call {
+                        FeedCall::Watch => feed.watch(key),
+                        FeedCall::Unwatch => feed.unwatch(key),
+                        FeedCall::Settle => feed.settle(key),
+                    };
+                    (index, done.await)
+                })
+            })
+            .collect();
+        let (mut confirmed, mut failure, mut answered) = (false, None, Vec::new());
+        while let Some((index, done)) = asked.next().await {
+            answered.push(index);
+            match done {
+                Ok(()) => {
+                    confirmed = true;
+                    break;
+                }
+                Err(error) => failure = Some(error),
+            }
+        }
+        if confirmed {
+            let others = async {
+                while let Some((index, done)) = asked.next().await {
+                    answered.push(index);
+                    if let Err(error) = done {
+                        tracing::debug!(master = index, error = %error, "a Redlock master's release subscription failed a call");
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Self::LAGGARD, others).await;
+        }
+        drop(asked);
+        let mut dropped = false;
+        for (index, feed) in self.feeds.iter_mut().enumerate() {
+            if feed.is_some() && !answered.contains(&index) {
+                tracing::debug!(
+                    master = index,
+                    "a Redlock master's release subscription is slow to answer; opened again"
+                );
+                *feed = None;
+                dropped = true;
+            }
+        }
+        if dropped {
+            self.reopen_later();
+        }
+        match confirmed {
+            true => Ok(()),
+            false => Err(failure.unwrap_or(StoreError::NoQuorum {
+                answered: 0,
+                needed: 1,
+            })),
+        }
+    }
+}
+
 /// What woke a [`QuorumFeed`] waiting for its next release.
 enum Woke {
     /// A master's announcement, or `None`: its subscription closed.
@@ -1174,48 +1255,21 @@ async fn open_feed(master: RedisStore<Server>, index: usize) -> Opened {
 impl ReleaseFeed for QuorumFeed {
     fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            self.drop_out_of_path();
             self.watched.insert(key.to_owned());
-            let live = self.feeds.iter_mut().flatten();
-            let watched = join_all(live.map(|feed| feed.watch(key))).await;
             // One master that hears releases is enough; the lease-timed fallback covers the rest.
-            if watched.iter().any(Result::is_ok) {
-                Ok(())
-            } else {
-                watched.into_iter().find_map(Result::err).map_or(
-                    Err(StoreError::NoQuorum {
-                        answered: 0,
-                        needed: 1,
-                    }),
-                    Err,
-                )
-            }
+            self.on_live_feeds(key, FeedCall::Watch).await
         })
     }
 
     fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            self.drop_out_of_path();
             self.watched.remove(key);
-            let live = self.feeds.iter_mut().flatten();
-            let unwatched = join_all(live.map(|feed| feed.unwatch(key))).await;
-            unwatched
-                .into_iter()
-                .find_map(Result::err)
-                .map_or(Ok(()), Err)
+            self.on_live_feeds(key, FeedCall::Unwatch).await
         })
     }
 
     fn settle<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            self.drop_out_of_path();
-            let live = self.feeds.iter_mut().flatten();
-            let settled = join_all(live.map(|feed| feed.settle(key))).await;
-            settled
-                .into_iter()
-                .find_map(Result::err)
-                .map_or(Ok(()), Err)
-        })
+        Box::pin(self.on_live_feeds(key, FeedCall::Settle))
     }
 
     fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
