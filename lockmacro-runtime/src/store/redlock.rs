@@ -116,7 +116,7 @@ impl RedlockStore {
     }
 
     /// Takes master `master` out of the path (unless it is out already) and probes it in the
-    /// background, with backoff, until it answers; then it is back in the path, and every
+    /// background, with backoff (50 to 250 ms), until it answers; then it is back in the path, and every
     /// runtime may connect to it at once.
     fn take_out(&self, master: usize, error: &StoreError) {
         if self.path.out[master].swap(true, Ordering::AcqRel) {
@@ -126,8 +126,12 @@ impl RedlockStore {
         let (store, path) = (self.masters[master].clone(), self.path.clone());
         let bound = self.settings.connect_timeout + self.settings.response_timeout;
         self.settings.background.spawn(async move {
-            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            // Capped low: a master back from a restart rejoins the path (and the leases spread
+            // to it at their next renewal) within a quarter of a second.
+            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(250));
             loop {
+                // Each probe connects for real, not stopped by the pause its last failure set.
+                store.answers_again();
                 if let Ok(Ok(())) = tokio::time::timeout(bound, store.connect()).await {
                     store.answers_again();
                     path.out[master].store(false, Ordering::Release);
@@ -247,6 +251,18 @@ impl RedlockStore {
         if ours {
             let busy_masters: Vec<usize> = busy.iter().map(|(index, _)| *index).collect();
             self.leave_where_busy(&attempt, &busy_masters);
+            // Where it failed, or was busy (a holder's key that its release may have missed,
+            // or that expires soon): taken there as soon as the master is back and the key free.
+            let elsewhere = answered
+                .iter()
+                .filter(|(_, answer)| {
+                    matches!(
+                        answer,
+                        Err(StoreError::Unavailable(_)) | Ok(AcquiredMany::Busy { .. })
+                    )
+                })
+                .map(|(index, _)| *index);
+            self.spread_when_back(&attempt, elsewhere.collect(), ttl);
             return Ok(AcquiredMany::Taken);
         }
         let busy: Vec<BusyAnswer> = busy.into_iter().map(|(_, answer)| answer).collect();
@@ -349,6 +365,38 @@ impl RedlockStore {
 }
 
 impl RedlockStore {
+    /// A lock taken on a majority without the masters `elsewhere` (out of the path, their
+    /// connection found broken as after a restart, or the key still held there): each takes
+    /// it (`SET NX PX`, in the background, with backoff) as soon as it is in the path and the
+    /// key is free there, for a third of the ttl (after that the renewals spread it). So the
+    /// lease does not wait for its first renewal to be on them: a master restarted meanwhile
+    /// would otherwise leave it on a bare majority for that long.
+    fn spread_when_back(&self, attempt: &OwnedLease, elsewhere: Vec<usize>, ttl: Duration) {
+        if elsewhere.is_empty() || !attempt.as_ref().keys.is_empty() {
+            return;
+        }
+        let (store, attempt) = (self.clone(), attempt.clone());
+        self.settings.background.spawn(async move {
+            let give_up = Instant::now() + ttl / 3;
+            let mut pause = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
+            let mut left = elsewhere;
+            while !left.is_empty() && Instant::now() < give_up {
+                tokio::time::sleep(pause.next_delay()).await;
+                let back: Vec<usize> = left.iter().copied().filter(|&i| store.in_path(i)).collect();
+                let (lease, masters) = (attempt.as_ref(), &store.masters);
+                let tries = back.iter().map(|&index| async move {
+                    (index, masters[index].take_if_missing(lease).await)
+                });
+                for (index, taken) in join_all(tries).await {
+                    if let Ok(true) = taken {
+                        tracing::debug!(key = %lease.key, master = index, "a Redlock lease spread to a master that did not hold it");
+                        left.retain(|&other| other != index);
+                    }
+                }
+            }
+        });
+    }
+
     /// A lease a majority just extended spreads to every master in the path that has lost its
     /// key, or never had it (down or slow when it was taken, restarted empty since): there it
     /// is taken again where the key is missing and free (`SET NX PX`, an exclusive lock's
@@ -907,11 +955,23 @@ impl RedlockStore {
         F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         // The calls are polled together (one allocation for all of them) and tell their answers
-        // as they come; a slow master's call goes to the background as it is. A master out of
-        // the path is not asked.
+        // as they come; a slow master's call goes to the background as it is, and so does the
+        // call of a master out of the path, not awaited.
         let answers = Arc::new(Mutex::new(Vec::with_capacity(self.masters.len())));
         let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
-            let asked = self.in_path(index).then(|| call(master.clone()));
+            let asked = call(master.clone());
+            let asked = match self.in_path(index) {
+                true => Some(asked),
+                false => {
+                    // Sent all the same, in the background, unawaited: a master the path left
+                    // out may answer again already, and a release it misses keeps the key
+                    // from the next holder there.
+                    self.settings.background.spawn(async move {
+                        let _ = asked.await;
+                    });
+                    None
+                }
+            };
             let answers = answers.clone();
             async move {
                 let answer = match asked {
@@ -986,6 +1046,9 @@ impl HandsOver for RedlockStore {
                 count(HandOver::NotOurs),
             );
             if handed >= quorum {
+                if not_ours > 0 {
+                    self.spread_hand_over(&theirs);
+                }
                 return Ok(HandOver::Handed);
             }
             // Not enough to hold it: the next holder's token is no lock. It is taken back before
@@ -1014,6 +1077,32 @@ impl HandsOver for RedlockStore {
                     }))
             }
         })
+    }
+}
+
+impl RedlockStore {
+    /// A lock handed over on a majority, where some master did not hold our lease (it was
+    /// down or slow when the lease was taken, or restarted empty since): the next holder takes
+    /// the key on every master where it is missing (`SET NX PX`, in the background). Without
+    /// this, a chain of short holds handed from waiter to waiter, none renewed, would keep the
+    /// lock on a bare majority for as long as the chain lasts.
+    fn spread_hand_over(&self, next: &OwnedLease) {
+        let masters: Vec<(usize, RedisStore<Server>)> = (0..self.masters.len())
+            .filter(|&index| self.in_path(index))
+            .map(|index| (index, self.masters[index].clone()))
+            .collect();
+        let next = next.clone();
+        self.settings.background.spawn(async move {
+            let taken = masters.iter().map(|(index, master)| {
+                let next = next.as_ref();
+                async move { (*index, master.take_if_missing(next).await) }
+            });
+            for (index, taken) in join_all(taken).await {
+                if let Ok(true) = taken {
+                    tracing::debug!(key = %next.as_ref().key, master = index, "a Redlock lease handed over spread to a master that did not hold it");
+                }
+            }
+        });
     }
 }
 
