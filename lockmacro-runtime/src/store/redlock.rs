@@ -130,8 +130,6 @@ impl RedlockStore {
             // to it at their next renewal) within a quarter of a second.
             let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(250));
             loop {
-                // Each probe connects for real, not stopped by the pause its last failure set.
-                store.answers_again();
                 if let Ok(Ok(())) = tokio::time::timeout(bound, store.connect()).await {
                     store.answers_again();
                     path.out[master].store(false, Ordering::Release);
@@ -251,18 +249,6 @@ impl RedlockStore {
         if ours {
             let busy_masters: Vec<usize> = busy.iter().map(|(index, _)| *index).collect();
             self.leave_where_busy(&attempt, &busy_masters);
-            // Where it failed, or was busy (a holder's key that its release may have missed,
-            // or that expires soon): taken there as soon as the master is back and the key free.
-            let elsewhere = answered
-                .iter()
-                .filter(|(_, answer)| {
-                    matches!(
-                        answer,
-                        Err(StoreError::Unavailable(_)) | Ok(AcquiredMany::Busy { .. })
-                    )
-                })
-                .map(|(index, _)| *index);
-            self.spread_when_back(&attempt, elsewhere.collect(), ttl);
             return Ok(AcquiredMany::Taken);
         }
         let busy: Vec<BusyAnswer> = busy.into_iter().map(|(_, answer)| answer).collect();
@@ -365,38 +351,6 @@ impl RedlockStore {
 }
 
 impl RedlockStore {
-    /// A lock taken on a majority without the masters `elsewhere` (out of the path, their
-    /// connection found broken as after a restart, or the key still held there): each takes
-    /// it (`SET NX PX`, in the background, with backoff) as soon as it is in the path and the
-    /// key is free there, for a third of the ttl (after that the renewals spread it). So the
-    /// lease does not wait for its first renewal to be on them: a master restarted meanwhile
-    /// would otherwise leave it on a bare majority for that long.
-    fn spread_when_back(&self, attempt: &OwnedLease, elsewhere: Vec<usize>, ttl: Duration) {
-        if elsewhere.is_empty() || !attempt.as_ref().keys.is_empty() {
-            return;
-        }
-        let (store, attempt) = (self.clone(), attempt.clone());
-        self.settings.background.spawn(async move {
-            let give_up = Instant::now() + ttl / 3;
-            let mut pause = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
-            let mut left = elsewhere;
-            while !left.is_empty() && Instant::now() < give_up {
-                tokio::time::sleep(pause.next_delay()).await;
-                let back: Vec<usize> = left.iter().copied().filter(|&i| store.in_path(i)).collect();
-                let (lease, masters) = (attempt.as_ref(), &store.masters);
-                let tries = back.iter().map(|&index| async move {
-                    (index, masters[index].take_if_missing(lease).await)
-                });
-                for (index, taken) in join_all(tries).await {
-                    if let Ok(true) = taken {
-                        tracing::debug!(key = %lease.key, master = index, "a Redlock lease spread to a master that did not hold it");
-                        left.retain(|&other| other != index);
-                    }
-                }
-            }
-        });
-    }
-
     /// A lease a majority just extended spreads to every master in the path that has lost its
     /// key, or never had it (down or slow when it was taken, restarted empty since): there it
     /// is taken again where the key is missing and free (`SET NX PX`, an exclusive lock's
@@ -955,23 +909,11 @@ impl RedlockStore {
         F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         // The calls are polled together (one allocation for all of them) and tell their answers
-        // as they come; a slow master's call goes to the background as it is, and so does the
-        // call of a master out of the path, not awaited.
+        // as they come; a slow master's call goes to the background as it is. A master out of
+        // the path is not asked.
         let answers = Arc::new(Mutex::new(Vec::with_capacity(self.masters.len())));
         let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
-            let asked = call(master.clone());
-            let asked = match self.in_path(index) {
-                true => Some(asked),
-                false => {
-                    // Sent all the same, in the background, unawaited: a master the path left
-                    // out may answer again already, and a release it misses keeps the key
-                    // from the next holder there.
-                    self.settings.background.spawn(async move {
-                        let _ = asked.await;
-                    });
-                    None
-                }
-            };
+            let asked = self.in_path(index).then(|| call(master.clone()));
             let answers = answers.clone();
             async move {
                 let answer = match asked {
