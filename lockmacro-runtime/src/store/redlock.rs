@@ -56,7 +56,15 @@ pub(crate) struct RedlockStore {
     masters: Vec<RedisStore<Server>>,
     settings: Settings,
     path: Arc<Path>,
+    settling: Arc<Settling>,
 }
+
+/// Attempts decided before every master answered, by token, while their late answers are
+/// handled. A waiter looks again with the same token: its next attempt waits for the last
+/// one's late answers (each bounded by the per-master budget), so that giving back a late
+/// "taken" (by token) can never remove what the next attempt took on that master, leaving it
+/// a lease on fewer masters than it counted.
+type Settling = Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>;
 
 /// Which masters are in the hot path. A master that failed (no answer within its budget, a
 /// broken or refused connection) is kept out: callers skip it at once, as if it had failed
@@ -88,6 +96,7 @@ impl RedlockStore {
             masters,
             settings,
             path,
+            settling: Arc::default(),
         })
     }
 
@@ -186,6 +195,11 @@ impl RedlockStore {
     {
         let per_master = budget.min((ttl / 10).max(Duration::from_millis(10)));
         let (n, quorum) = (self.masters.len(), self.quorum());
+        let token: Arc<str> = protocol::holder_token(attempt.as_ref().value).into();
+        let earlier = lock(&self.settling).get(&token).cloned();
+        if let Some(earlier) = earlier {
+            let _settled = earlier.lock().await;
+        }
         let started = Instant::now();
         let answers: Answers = Arc::default();
         let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
@@ -240,10 +254,18 @@ impl RedlockStore {
             // the others, or gives it back when it is not ours.
             let (store, seen) = (self.clone(), answered.len());
             let attempt = attempt.clone();
+            let gate = Arc::new(tokio::sync::Mutex::new(()));
+            let settling = gate.clone().try_lock_owned().ok();
+            lock(&self.settling).insert(token.clone(), gate.clone());
             self.settings.background.spawn(async move {
                 pending.await;
                 let late = lock(&answers).split_off(seen);
                 store.late_answers(late, &attempt, ours).await;
+                let mut waiting = lock(&store.settling);
+                if waiting.get(&token).is_some_and(|now| Arc::ptr_eq(now, &gate)) {
+                    waiting.remove(&token);
+                }
+                drop(settling);
             });
         }
         if ours {
