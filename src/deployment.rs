@@ -46,6 +46,11 @@ pub trait Deployment {
     fn offers_fencing(&self) -> bool {
         true
     }
+
+    /// Whether it serves waiters in arrival order with `fair = true` (Redlock refuses it).
+    fn offers_fair(&self) -> bool {
+        true
+    }
 }
 
 /// Another application's data under a lock's key.
@@ -279,6 +284,10 @@ impl Deployment for Redlock {
     }
 
     fn offers_fencing(&self) -> bool {
+        false
+    }
+
+    fn offers_fair(&self) -> bool {
         false
     }
 }

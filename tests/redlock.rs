@@ -1,6 +1,6 @@
-//! Redlock over five independent masters, under real faults: frozen masters (SIGSTOP), a master
-//! restarted without persistence, foreign values on every subset of masters, three processes on
-//! one counter.
+//! Redlock over independent masters, under real faults: frozen masters (SIGSTOP), a master
+//! killed or restarted without persistence, foreign values on every subset of masters, three
+//! processes on one counter; availability while a majority answers, and leases that spread.
 //!
 //! Figures worth reporting are printed with `eprintln!`, which nextest shows for failing tests
 //! and `--no-capture` always.
@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, protocol};
+use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, protocol, redis_lock};
 use testkit::{Deployment, RedisServer, Redlock};
 use tokio::time::Instant;
 
@@ -305,4 +305,248 @@ async fn each_master_takes_the_whole_set_or_none_of_it() {
             assert_eq!(value(server, key), None, "nothing left taken: {key}");
         }
     }
+}
+
+/// An attempt that splits the live masters (one master down, ours on one, another's on the
+/// other) is no `NoQuorum`: failing fast it is `Busy` with a short `retry_after`, and nothing of
+/// it is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_attempt_is_busy_with_a_short_retry_never_no_quorum() {
+    let mut quorum = Redlock::start(3);
+    let locks = client(&quorum).await;
+    quorum.servers[2].kill();
+    quorum.servers[1].command(&["SET", "split:1", &another_owners(), "PX", "30000"]);
+    let outcome = locks.acquire("split:1", opts(5_000)).await;
+    match outcome {
+        Err(LockError::Busy {
+            ref key,
+            retry_after: Some(retry_after),
+        }) => {
+            assert_eq!(key, "split:1");
+            assert!(retry_after <= Duration::from_millis(100), "{retry_after:?}");
+        }
+        other => panic!("expected Busy with a short retry_after, got {other:?}"),
+    }
+    assert_eq!(value(&quorum.servers[0], "split:1"), None, "undone");
+}
+
+/// One master of three down, three clients (each on its own connections, as processes) of
+/// eight tasks each contend for one key with `wait`: every call gets the lock, none ends
+/// `NoQuorum` or `Busy` (their attempts split the two live masters again and again; each split
+/// is "look again soon"), and never two hold it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_master_down_waiters_of_several_clients_all_get_the_lock() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    let mut quorum = Redlock::start(3);
+    quorum.servers[2].kill();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&quorum).await);
+    }
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for locks in &clients {
+        for _ in 0..8 {
+            let (locks, inside, overlaps) = (locks.clone(), inside.clone(), overlaps.clone());
+            tasks.spawn(async move {
+                let options = opts(2_000).wait(Duration::from_secs(20));
+                for _ in 0..10 {
+                    locks
+                        .run_locked("outage:1", options, async {
+                            if inside.swap(true, Ordering::SeqCst) {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            inside.store(false, Ordering::SeqCst);
+                        })
+                        .await?;
+                }
+                Ok::<_, LockError>(())
+            });
+        }
+    }
+    while let Some(task) = tasks.join_next().await {
+        task.unwrap()
+            .expect("every waiter gets the lock while a majority answers");
+    }
+    eprintln!(
+        "240 acquisitions by 3 clients x 8 tasks, one master of 3 down: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+}
+
+struct FairJobs {
+    locks: LockClient,
+}
+
+impl FairJobs {
+    #[redis_lock(prefix = "fair-jobs", key = id, fair = true, wait = "1s", client = self.locks)]
+    async fn run(&self, id: u32) -> Result<u32, LockError> {
+        Ok(id)
+    }
+}
+
+/// `fair = true` is refused on Redlock at once, from the attribute and programmatically, with
+/// a reason (the masters' queues order waiters differently); nothing is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_is_refused_from_the_attribute_and_programmatically() {
+    let quorum = Redlock::start(3);
+    let locks = client(&quorum).await;
+    let from_the_attribute = FairJobs {
+        locks: locks.clone(),
+    }
+    .run(7)
+    .await;
+    let programmatic = locks
+        .acquire("fair-jobs:8", opts(5_000).fair(true))
+        .await
+        .map(drop);
+    for refused in [from_the_attribute.map(drop), programmatic] {
+        match refused {
+            Err(LockError::InvalidOptions { message }) => {
+                assert!(message.contains("`fair = true`"), "{message}");
+                assert!(message.contains("order"), "says why: {message}");
+            }
+            other => panic!("expected InvalidOptions, got {other:?}"),
+        }
+    }
+    for server in &quorum.servers {
+        assert_eq!(value(server, "fair-jobs:7"), None);
+        assert_eq!(value(server, "fair-jobs:8"), None);
+    }
+}
+
+/// Waits (polling the servers, bounded) until every master of `quorum` holds `token` under
+/// `key`: a lease spreading is the watchdog's doing, in the background.
+async fn spread_to_all(quorum: &Redlock, key: &str, token: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let held: Vec<Option<String>> = quorum.servers.iter().map(|s| holder(s, key)).collect();
+        if held.iter().all(|held| held.as_deref() == Some(token)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lease did not spread to every master: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A master that accepts connections and never answers (SIGSTOP) before the client is built:
+/// `build()` returns once the other two connected, well within one connect timeout, and every
+/// acquire is taken on the two that answer without waiting for the silent one (before: `build()`
+/// took three connect timeouts, and about one acquire in fifty waited a whole connect timeout,
+/// past its lease's validity). Once the master answers again, the lease spreads to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_master_costs_the_build_and_the_acquires_nothing() {
+    let quorum = Redlock::start(3);
+    quorum.servers[2].pause();
+    let connect_timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let locks = LockClient::redlock_builder(quorum.urls())
+        .scan_interval(Duration::from_millis(100))
+        .connect_timeout(connect_timeout)
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("a majority connects");
+    let build = started.elapsed();
+    assert!(build < connect_timeout, "build took {build:?}");
+    let mut took = Vec::new();
+    for i in 0..60 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        let lease = locks
+            .acquire(format!("silent:{i}"), opts(2_000))
+            .await
+            .unwrap_or_else(|err| panic!("acquire {i}: {err}"));
+        took.push(started.elapsed());
+        lease.release().await.unwrap();
+    }
+    took.sort_unstable();
+    eprintln!(
+        "one silent master of 3: build {build:?}; 60 acquires: median {:?}, max {:?}",
+        took[30], took[59]
+    );
+    assert!(took[59] < Duration::from_secs(1), "{:?}", took[59]);
+
+    let lease = locks
+        .acquire("silent:spread", opts(600).unlimited_renewals())
+        .await
+        .unwrap();
+    quorum.servers[2].resume();
+    spread_to_all(
+        &quorum,
+        "silent:spread",
+        lease.token(),
+        Duration::from_secs(10),
+    )
+    .await;
+    lease.release().await.unwrap();
+}
+
+/// A lease taken while one master of three was down is on all three once that master is back
+/// (restarted empty) and one renewal has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_on_a_bare_majority_spreads_to_a_master_that_comes_back() {
+    let mut quorum = Redlock::start(3);
+    let locks = client(&quorum).await;
+    quorum.servers[2].kill();
+    let lease = locks
+        .acquire("spread:1", opts(900).unlimited_renewals())
+        .await
+        .unwrap();
+    assert_eq!(
+        holder(&quorum.servers[0], "spread:1").as_deref(),
+        Some(lease.token())
+    );
+    quorum.servers[2].restart();
+    spread_to_all(&quorum, "spread:1", lease.token(), Duration::from_secs(10)).await;
+    lease.release().await.unwrap();
+    for server in &quorum.servers {
+        assert_eq!(value(server, "spread:1"), None, "released everywhere");
+    }
+}
+
+/// A lease held on a bare majority (one master was down when it was taken): once that master
+/// is back and the lease spread to it, restarting one of the masters the lease was taken on
+/// (its data gone) lets no other client take the key; the restarted master gets the lease back
+/// at the next renewal. (Before: the restarted master and the one that came back empty made a
+/// majority for another client, two holders at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_a_master_of_a_bare_majority_lease_lets_no_one_else_in() {
+    let mut quorum = Redlock::start(3);
+    let (holder_client, other) = (client(&quorum).await, client(&quorum).await);
+    quorum.servers[2].kill();
+    let lease = holder_client
+        .acquire("bare:1", opts(900).unlimited_renewals())
+        .await
+        .unwrap();
+    quorum.servers[2].restart();
+    spread_to_all(&quorum, "bare:1", lease.token(), Duration::from_secs(10)).await;
+    quorum.servers[0].restart();
+    // The other client's connections to the restarted masters broke: its first attempts may
+    // find no majority answering, until they reconnect. Never may it take the lock.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match other.acquire("bare:1", opts(5_000)).await {
+            Err(LockError::Busy { .. }) => break,
+            Err(LockError::NoQuorum { .. } | LockError::Redis { .. })
+                if Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            taken => panic!("another client took a held lock: {taken:?}"),
+        }
+    }
+    spread_to_all(&quorum, "bare:1", lease.token(), Duration::from_secs(10)).await;
+    let outcome = lease.run(async {}).await;
+    assert!(outcome.is_ok(), "{outcome:?}");
+    lease.release().await.unwrap();
 }

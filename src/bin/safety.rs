@@ -81,6 +81,7 @@ fn plans(quick: bool) -> Vec<Plan> {
         MinorityDown,
         MajorityDown,
         MajorityRestart,
+        BareMajorityRestart,
         PausedHolder,
     ];
     vec![
@@ -392,6 +393,18 @@ impl Lab {
             }
             (Lab::Redlock(servers), Fault::MajorityRestart) => {
                 for index in majority(servers.len(), round) {
+                    servers[index].restart();
+                }
+            }
+            (Lab::Redlock(servers), Fault::BareMajorityRestart) => {
+                // Leases taken while a minority is down are held on a bare majority; once it
+                // is back (empty) and a renewal passed, a minority of that majority loses its
+                // data.
+                let first = minority(servers.len(), round);
+                down(servers, &first).await;
+                tokio::time::sleep(TTL).await;
+                let n = servers.len();
+                for index in minority(n, round + first.len()) {
                     servers[index].restart();
                 }
             }

@@ -95,6 +95,10 @@ pub enum Fault {
     MajorityDown,
     /// Redlock: a majority of the masters killed and restarted empty at once.
     MajorityRestart,
+    /// Redlock: a minority of the masters down for longer than the ttl (the leases taken
+    /// meanwhile are held on a bare majority), back empty, and once a renewal passed, another
+    /// minority (masters those leases were taken on) restarted empty.
+    BareMajorityRestart,
     /// `SIGSTOP` a worker inside its body for longer than the ttl, then `SIGCONT`.
     PausedHolder,
 }
@@ -113,6 +117,7 @@ impl fmt::Display for Fault {
             Fault::MinorityDown => "minority down > ttl",
             Fault::MajorityDown => "majority down > ttl",
             Fault::MajorityRestart => "majority restart empty",
+            Fault::BareMajorityRestart => "bare-majority lease, restart empty",
             Fault::PausedHolder => "holder SIGSTOP > ttl",
         })
     }
@@ -138,6 +143,9 @@ pub fn promise(deployment: Deployment, fault: Fault) -> Promise {
         | Fault::PlannedFailover
         | Fault::MinorityDown
         | Fault::MajorityDown => true,
+        // A lease spreads to every live master soon after it is taken (and at each renewal),
+        // but a master restarted within that moment still leaves it on a bare majority.
+        Fault::BareMajorityRestart => false,
         // A frozen cluster master past its node timeout is failed over.
         Fault::StopServer => deployment != Deployment::Cluster,
         Fault::KillRestart

@@ -21,6 +21,7 @@
 //!   quorum may miss the master that counted the last token.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::{join_all, select_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::inspect::{self, Cursor, Page, Snapshot};
@@ -42,6 +44,7 @@ use crate::clock::{self, Backoff};
 use crate::error::{LockError, LostReason};
 use crate::health::{Health, NodeRole};
 use crate::metrics;
+use crate::options::LockKind;
 use crate::sync::lock;
 
 /// A master's `Busy`: the first busy key, the time until it may be free, the estimated wait.
@@ -52,7 +55,27 @@ type BusyAnswer = (usize, Option<Duration>, Option<Duration>);
 pub(crate) struct RedlockStore {
     masters: Vec<RedisStore<Server>>,
     settings: Settings,
+    path: Arc<Path>,
+    settling: Arc<Settling>,
 }
+
+/// Attempts decided before every master answered, by token, while their late answers are
+/// handled. A waiter looks again with the same token: its next attempt waits for the last
+/// one's late answers (each bounded by the per-master budget), so that giving back a late
+/// "taken" (by token) can never remove what the next attempt took on that master, leaving it
+/// a lease on fewer masters than it counted.
+type Settling = Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>;
+
+/// Which masters are in the hot path. A master that failed (no answer within its budget, a
+/// broken or refused connection) is kept out: callers skip it at once, as if it had failed
+/// again, until a probe in the background hears it answer. So a dead or silent master costs a
+/// caller nothing once it failed, however long it stays so, and comes back by itself.
+struct Path {
+    out: Vec<AtomicBool>,
+}
+
+/// The masters' answers to one attempt, by master index, as they come.
+type Answers = Arc<Mutex<Vec<(usize, Result<AcquiredMany, StoreError>)>>>;
 
 impl RedlockStore {
     /// A quorum over `masters`; refuses anything but an odd number, at least 3.
@@ -66,7 +89,15 @@ impl RedlockStore {
                 "Redlock needs an odd number of independent masters, at least 3; got {n}"
             ));
         }
-        Ok(Self { masters, settings })
+        let path = Arc::new(Path {
+            out: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        });
+        Ok(Self {
+            masters,
+            settings,
+            path,
+            settling: Arc::default(),
+        })
     }
 
     /// How long a renewal, a release or a hand-over waits for the other masters once a
@@ -81,79 +112,186 @@ impl RedlockStore {
         self.masters.len() / 2 + 1
     }
 
-    /// Compare-and-delete on every master, awaited (bounded), for undoing an attempt.
-    /// `true` when every master answered.
-    async fn release_everywhere(&self, lease: LeaseRef<'_>) -> bool {
+    /// Whether master `master` is in the hot path (see [`Path`]).
+    fn in_path(&self, master: usize) -> bool {
+        !self.path.out[master].load(Ordering::Acquire)
+    }
+
+    /// Notes what master `master` answered: a failure to answer takes it out of the path.
+    fn note<T>(&self, master: usize, answer: &Result<T, StoreError>) {
+        if let Err(error @ StoreError::Unavailable(_)) = answer {
+            self.take_out(master, error);
+        }
+    }
+
+    /// Takes master `master` out of the path (unless it is out already) and probes it in the
+    /// background, with backoff (50 to 250 ms), until it answers; then it is back in the path, and every
+    /// runtime may connect to it at once.
+    fn take_out(&self, master: usize, error: &StoreError) {
+        if self.path.out[master].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(master, error = %error, "a Redlock master failed; kept out of the path until it answers again");
+        let (store, path) = (self.masters[master].clone(), self.path.clone());
+        let bound = self.settings.connect_timeout + self.settings.response_timeout;
+        self.settings.background.spawn(async move {
+            // Capped low: a master back from a restart rejoins the path (and the leases spread
+            // to it at their next renewal) within a quarter of a second.
+            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(250));
+            loop {
+                if let Ok(Ok(())) = tokio::time::timeout(bound, store.connect()).await {
+                    store.answers_again();
+                    path.out[master].store(false, Ordering::Release);
+                    tracing::info!(master, "a Redlock master answers again; back in the path");
+                    return;
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        });
+    }
+
+    /// Compare-and-delete of an undone attempt (or hand-over) on every master in the path,
+    /// awaited until a majority answered (bounded), a slow master finishing in the background.
+    /// `true` when every master in the path answered.
+    async fn release_everywhere(&self, lease: &OwnedLease) -> bool {
         let budget = self.settings.response_timeout;
-        let releases = self.masters.iter().map(|master| master.release(lease));
-        match tokio::time::timeout(budget, join_all(releases)).await {
-            Ok(answers) => answers.iter().all(Result::is_ok),
+        let masters = self.masters.len();
+        let quorum = self.quorum();
+        let undone = tokio::time::timeout(
+            budget,
+            self.on_every_master(
+                |master| {
+                    let lease = lease.clone();
+                    async move { master.release(undone(&lease)).await }
+                },
+                |answers| answers.iter().filter(|answer| answer.is_ok()).count() >= quorum,
+            ),
+        );
+        match undone.await {
+            Ok(answers) => {
+                let out = (0..masters).filter(|&i| !self.in_path(i)).count();
+                answers.iter().filter(|answer| answer.is_ok()).count() + out >= masters
+            }
             Err(_) => false,
         }
     }
 
-    /// One attempt (`on_master`, one key or several) on every master at once, each within a
-    /// budget far below the ttl (the Redlock paper), decided by a majority: taken when a
-    /// majority took it with time to spare (validity = ttl − elapsed − drift); otherwise undone
-    /// on every master where it was taken (or may have been) before answering, `Busy` when a
-    /// majority found a key busy, [`StoreError::NoQuorum`] when no majority either way.
-    async fn on_a_majority<'s, F, Fut>(
-        &'s self,
+    /// One attempt (`on_master`, one key or several) on every master in the path at once, each
+    /// within a budget far below the ttl (the Redlock paper), decided as soon as the answers
+    /// so far settle it: taken when a majority took it with time to spare (validity = ttl −
+    /// elapsed − drift); otherwise undone where it was taken before answering; `Busy` when a
+    /// majority found a key busy, or soon again when a majority answered split between us and
+    /// others; [`StoreError::NoQuorum`] only when no majority answered at all. The masters that
+    /// answer after the decision count too (see [`late_answers`](Self::late_answers)).
+    async fn on_a_majority<F>(
+        &self,
         ttl: Duration,
-        undo: LeaseRef<'_>,
+        attempt: OwnedLease,
         budget: Duration,
-        on_master: F,
+        on_master: impl Fn(RedisStore<Server>, Duration) -> F,
     ) -> Result<AcquiredMany, StoreError>
     where
-        F: Fn(&'s RedisStore<Server>, Duration) -> Fut,
-        Fut: Future<Output = Result<AcquiredMany, StoreError>>,
+        F: Future<Output = Result<AcquiredMany, StoreError>> + Send + 'static,
     {
         let per_master = budget.min((ttl / 10).max(Duration::from_millis(10)));
+        let (n, quorum) = (self.masters.len(), self.quorum());
+        let token: Arc<str> = protocol::holder_token(attempt.as_ref().value).into();
+        let earlier = lock(&self.settling).get(&token).cloned();
+        if let Some(earlier) = earlier {
+            let _settled = earlier.lock().await;
+        }
         let started = Instant::now();
-        // Every master's answer, each bounded by the per-master budget: a slow master that
-        // takes it is part of the lock, not undone for being late.
-        let quorum = self.quorum();
-        let answers = join_all(
-            self.masters
-                .iter()
-                .map(|master| on_master(master, per_master)),
-        )
+        let answers: Answers = Arc::default();
+        let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
+            let asked = self
+                .in_path(index)
+                .then(|| on_master(master.clone(), per_master));
+            let answers = answers.clone();
+            async move {
+                let answer = match asked {
+                    Some(asked) => asked.await,
+                    None => Err(out_of_path()),
+                };
+                lock(&answers).push((index, answer));
+            }
+        }));
+        let mut all_answered = false;
+        std::future::poll_fn(|cx| {
+            all_answered = pending.poll_unpin(cx).is_ready();
+            match all_answered || settled(&lock(&answers), n, quorum) {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            }
+        })
         .await;
         let elapsed = started.elapsed();
-        let taken = answers
+        let answered = lock(&answers).clone();
+        for (index, answer) in &answered {
+            self.note(*index, answer);
+        }
+        let taken: Vec<usize> = answered
             .iter()
-            .filter(|answer| matches!(answer, Ok(AcquiredMany::Taken)))
-            .count();
-        let busy: Vec<BusyAnswer> = answers
+            .filter(|(_, answer)| matches!(answer, Ok(AcquiredMany::Taken)))
+            .map(|(index, _)| *index)
+            .collect();
+        let busy: Vec<(usize, BusyAnswer)> = answered
             .iter()
-            .filter_map(|answer| match answer {
+            .filter_map(|(index, answer)| match answer {
                 Ok(AcquiredMany::Busy {
                     key,
                     remaining,
                     estimate,
-                }) => Some((*key, *remaining, *estimate)),
+                }) => Some((*index, (*key, *remaining, *estimate))),
                 _ => None,
             })
             .collect();
         let validity = ttl
             .checked_sub(elapsed + clock::drift(ttl))
             .filter(|left| !left.is_zero());
-        if taken >= quorum && validity.is_some() {
-            self.leave_where_busy(undo, &answers);
+        let ours = taken.len() >= quorum && validity.is_some();
+        if !all_answered {
+            // The others answer in the background: a master that takes it late holds it with
+            // the others, or gives it back when it is not ours.
+            let (store, seen) = (self.clone(), answered.len());
+            let attempt = attempt.clone();
+            let gate = Arc::new(tokio::sync::Mutex::new(()));
+            let settling = gate.clone().try_lock_owned().ok();
+            lock(&self.settling).insert(token.clone(), gate.clone());
+            self.settings.background.spawn(async move {
+                pending.await;
+                let late = lock(&answers).split_off(seen);
+                store.late_answers(late, &attempt, ours).await;
+                let mut waiting = lock(&store.settling);
+                if waiting.get(&token).is_some_and(|now| Arc::ptr_eq(now, &gate)) {
+                    waiting.remove(&token);
+                }
+                drop(settling);
+            });
+        }
+        if ours {
+            let busy_masters: Vec<usize> = busy.iter().map(|(index, _)| *index).collect();
+            self.leave_where_busy(&attempt, &busy_masters);
             return Ok(AcquiredMany::Taken);
         }
-        if taken > 0 && !busy.is_empty() {
+        let busy: Vec<BusyAnswer> = busy.into_iter().map(|(_, answer)| answer).collect();
+        if !taken.is_empty() && !busy.is_empty() {
             // Split with another attempt: some masters ours, others busy, no majority ours.
             metrics::redlock_split();
         }
-        // Not ours: undo wherever it was taken (or may have been), before answering.
-        if taken > 0 || busy.len() + taken < self.masters.len() {
-            self.release_everywhere(undo).await;
+        // Not ours: undone where it was taken, before answering (the caller may look again
+        // with the same token). A master whose answer was lost undoes it itself.
+        if !taken.is_empty() {
+            self.release_everywhere(&attempt).await;
         }
-        if let Some(not_a_lock) = answers.iter().find_map(|answer| match answer {
-            Err(StoreError::Unusable(error)) if matches!(**error, LockError::NotALock { .. }) => {
-                Some(StoreError::Unusable(error.clone()))
-            }
+        if let Some(not_a_lock) = answered.iter().find_map(|(_, answer)| match answer {
+            // A new error, not the shared one: its other copies live on with the answers.
+            Err(StoreError::Unusable(error)) => match &**error {
+                LockError::NotALock { key, found } => Some(StoreError::from(LockError::NotALock {
+                    key: key.clone(),
+                    found: found.clone(),
+                })),
+                _ => None,
+            },
             _ => None,
         }) {
             // Something that is no lock sits under the key on some master: it is left as it is.
@@ -170,7 +308,7 @@ impl RedlockStore {
             };
             let mut remaining = majority_view(|(_, left, _)| *left);
             let estimate = majority_view(|(.., estimate)| *estimate);
-            if taken > 0 {
+            if !taken.is_empty() {
                 // We took some masters: others may be racing us for the rest, and their keys go
                 // as ours did. Look again soon (the Redlock paper's random retry), not after
                 // leases that are being undone.
@@ -183,16 +321,132 @@ impl RedlockStore {
                 estimate,
             });
         }
-        if taken >= quorum {
+        if taken.len() >= quorum {
             return Err(StoreError::unavailable(format!(
                 "a majority took the lock only after {elapsed:?}, past the lease's validity"
             )));
         }
+        if taken.len() + busy.len() >= quorum {
+            // A majority answered, split between us and another holder or racer: neither has
+            // the lock for sure, and the racers' attempts are being undone as ours was. Look
+            // again soon (jittered, so the racers spread out), inside the caller's wait; a
+            // caller that fails fast is told to come back as soon.
+            let key = busy.iter().map(|(key, ..)| *key).min().unwrap_or(0);
+            let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
+            return Ok(AcquiredMany::Busy {
+                key,
+                remaining: Some(retry),
+                estimate: Some(retry),
+            });
+        }
         Err(StoreError::NoQuorum {
-            answered: taken.max(busy.len()),
+            answered: taken.len().max(busy.len()),
             needed: quorum,
         })
     }
+
+    /// Answers that came after the attempt was decided (`ours`: taken). A master that took it
+    /// late holds it with the others when it is ours (the lease spreads), and gives it back
+    /// when not; a busy master keeps no reservation of a caller that holds the lock. A master
+    /// that did not answer is out of the path until it does (its lost request undoes itself).
+    async fn late_answers(
+        &self,
+        late: Vec<(usize, Result<AcquiredMany, StoreError>)>,
+        attempt: &OwnedLease,
+        ours: bool,
+    ) {
+        let mut busy = Vec::new();
+        for (index, answer) in late {
+            self.note(index, &answer);
+            match answer {
+                Ok(AcquiredMany::Taken) if !ours => {
+                    if let Err(error) = self.masters[index].release(undone(attempt)).await {
+                        tracing::debug!(error = %error, "a late Redlock take could not be undone; it expires with its lease");
+                    }
+                }
+                Ok(AcquiredMany::Busy { .. }) if ours => busy.push(index),
+                _ => {}
+            }
+        }
+        self.leave_where_busy(attempt, &busy);
+    }
+}
+
+impl RedlockStore {
+    /// A lease a majority just extended spreads to every master in the path that has lost its
+    /// key, or never had it (down or slow when it was taken, restarted empty since): there it
+    /// is taken again where the key is missing and free (`SET NX PX`, an exclusive lock's
+    /// value). So a lease taken on a bare majority is on every live master after its next
+    /// renewal, and losing one master's data cannot hand the key to another caller. A key held
+    /// by anyone else there is left alone; a lease a majority did not confirm is never spread
+    /// (a forced release, which removes it everywhere, stays a release).
+    async fn spread(
+        &self,
+        leases: &[LeaseRef<'_>],
+        renewals: &[Renewal],
+        per_master: &[(usize, Vec<Renewal>)],
+    ) {
+        let missing = per_master.iter().flat_map(|(index, answers)| {
+            answers.iter().enumerate().filter_map(move |(i, answer)| {
+                let spreads = matches!(renewals[i], Renewal::Extended)
+                    && matches!(answer, Renewal::Lost(LostReason::Gone))
+                    && leases[i].kind == LockKind::Exclusive;
+                spreads.then_some((*index, leases[i]))
+            })
+        });
+        let taken = join_all(missing.map(|(index, lease)| async move {
+            (
+                index,
+                lease.key,
+                self.masters[index].take_if_missing(lease).await,
+            )
+        }))
+        .await;
+        for (index, key, taken) in taken {
+            match taken {
+                Ok(true) => {
+                    tracing::debug!(key = %key, master = index, "a Redlock lease spread to a master that did not hold it");
+                }
+                Ok(false) => {}
+                Err(error) => self.note(index, &Err::<(), _>(error)),
+            }
+        }
+    }
+}
+
+/// Whether the answers so far decide an attempt over `n` masters, whatever the others answer:
+/// taken on a majority; or out of reach of a majority, with a majority answered (busy, or
+/// split between us and others) or out of reach of one.
+fn settled(answers: &[(usize, Result<AcquiredMany, StoreError>)], n: usize, quorum: usize) -> bool {
+    let count = |taken: bool| {
+        answers
+            .iter()
+            .filter(|(_, answer)| match answer {
+                Ok(AcquiredMany::Taken) => taken,
+                Ok(AcquiredMany::Busy { .. }) => !taken,
+                Err(_) => false,
+            })
+            .count()
+    };
+    let (taken, busy, pending) = (count(true), count(false), n - answers.len());
+    taken >= quorum
+        || (taken + pending < quorum && (taken + busy >= quorum || taken + busy + pending < quorum))
+}
+
+/// An attempt's lease as its undo names it: no work ran under it, so the release is announced
+/// as "look again", not as a holder's release.
+fn undone(attempt: &OwnedLease) -> LeaseRef<'_> {
+    LeaseRef {
+        undone: true,
+        ..attempt.as_ref()
+    }
+}
+
+/// What a master out of the path answers, without being asked.
+fn out_of_path() -> StoreError {
+    StoreError::unavailable(
+        "a Redlock master out of the path: it failed lately, and is probed in the background",
+    )
 }
 
 impl RedlockStore {
@@ -200,17 +454,12 @@ impl RedlockStore {
     /// was busy (see `protocol::Reservation`): that master would hand it the key, under a value
     /// its lease does not know, at its holder's release. It leaves those masters (in the
     /// background): the reservation is taken off, or a key handed meanwhile given back.
-    fn leave_where_busy(&self, lease: LeaseRef<'_>, answers: &[Result<AcquiredMany, StoreError>]) {
-        let busy: Vec<RedisStore<Server>> = self
-            .masters
-            .iter()
-            .zip(answers)
-            .filter(|(_, answer)| matches!(answer, Ok(AcquiredMany::Busy { .. })))
-            .map(|(master, _)| master.clone())
-            .collect();
+    fn leave_where_busy(&self, lease: &OwnedLease, busy: &[usize]) {
         if busy.is_empty() {
             return;
         }
+        let busy: Vec<RedisStore<Server>> = busy.iter().map(|&i| self.masters[i].clone()).collect();
+        let lease = lease.as_ref();
         let keys: Vec<String> = match lease.keys {
             [] => vec![lease.key.to_owned()],
             keys => keys.to_vec(),
@@ -228,6 +477,66 @@ impl RedlockStore {
     }
 }
 
+/// An [`AcquireRequest`] that owns its strings: a master may answer after the majority decided.
+#[derive(Clone)]
+struct OwnedRequest {
+    key: Arc<str>,
+    value: Arc<str>,
+    request: AcquireRequest<'static>,
+}
+
+impl OwnedRequest {
+    fn of(request: &AcquireRequest<'_>) -> Self {
+        Self {
+            key: request.key.into(),
+            value: request.value.into(),
+            request: AcquireRequest {
+                key: "",
+                value: "",
+                ..*request
+            },
+        }
+    }
+
+    fn as_request(&self) -> AcquireRequest<'_> {
+        AcquireRequest {
+            key: &self.key,
+            value: &self.value,
+            ..self.request
+        }
+    }
+}
+
+/// A [`ManyRequest`] that owns its strings, as [`OwnedRequest`].
+#[derive(Clone)]
+struct OwnedMany {
+    keys: Arc<[String]>,
+    value: Arc<str>,
+    request: ManyRequest<'static>,
+}
+
+impl OwnedMany {
+    fn of(request: &ManyRequest<'_>) -> Self {
+        Self {
+            keys: request.keys.into(),
+            value: request.value.into(),
+            request: ManyRequest {
+                keys: &[],
+                value: "",
+                ..*request
+            },
+        }
+    }
+
+    fn as_request(&self) -> ManyRequest<'_> {
+        ManyRequest {
+            keys: &self.keys,
+            value: &self.value,
+            ..self.request
+        }
+    }
+}
+
 impl Store for RedlockStore {
     fn acquire<'a>(
         &'a self,
@@ -235,6 +544,16 @@ impl Store for RedlockStore {
         budget: Duration,
     ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
         Box::pin(async move {
+            if request.fair {
+                return Err(StoreError::from(LockError::InvalidOptions {
+                    message: "`fair = true` is not offered over Redlock: each master queues the \
+                              waiters in the order their attempts reach it, and those orders \
+                              differ, so no waiter need head a majority of the queues and \
+                              arrival order cannot be promised; wait without `fair` (a waiter \
+                              that waited too long still goes first)"
+                        .into(),
+                }));
+            }
             if request.fencing {
                 return Err(StoreError::from(LockError::InvalidOptions {
                     message: "fencing tokens are not offered over Redlock: the largest counter \
@@ -243,24 +562,32 @@ impl Store for RedlockStore {
                         .into(),
                 }));
             }
-            // One command for every master: they share the quorum's settings.
-            let cmd = &self.masters[0].acquire_cmd(&request)?;
-            let on_master = |master: &'a RedisStore<Server>, per_master| async move {
-                let answer = master.acquire_with(request, cmd, per_master).await?;
-                Ok(match answer {
-                    Acquired::Taken { .. } => AcquiredMany::Taken,
-                    Acquired::Busy {
-                        remaining,
-                        estimate,
-                    } => AcquiredMany::Busy {
-                        key: 0,
-                        remaining,
-                        estimate,
-                    },
-                })
+            // One command for every master: they share the quorum's settings. Owned, as the
+            // request is: a master may answer after the majority decided.
+            let cmd = Arc::new(self.masters[0].acquire_cmd(&request)?);
+            let owned = OwnedRequest::of(&request);
+            let on_master = |master: RedisStore<Server>, per_master| {
+                let (cmd, owned) = (cmd.clone(), owned.clone());
+                async move {
+                    let answer = master
+                        .acquire_with(owned.as_request(), &cmd, per_master)
+                        .await?;
+                    Ok(match answer {
+                        Acquired::Taken { .. } => AcquiredMany::Taken,
+                        Acquired::Busy {
+                            remaining,
+                            estimate,
+                        } => AcquiredMany::Busy {
+                            key: 0,
+                            remaining,
+                            estimate,
+                        },
+                    })
+                }
             };
+            let attempt = OwnedLease::of(request.lease());
             let decided = self
-                .on_a_majority(request.ttl, request.lease(), budget, on_master)
+                .on_a_majority(request.ttl, attempt, budget, on_master)
                 .await?;
             Ok(match decided {
                 AcquiredMany::Taken => Acquired::Taken {
@@ -287,10 +614,13 @@ impl Store for RedlockStore {
         budget: Duration,
     ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
         Box::pin(async move {
-            let on_master = |master: &'a RedisStore<Server>, per_master| {
-                master.acquire_many(request, per_master)
+            let owned = OwnedMany::of(&request);
+            let on_master = |master: RedisStore<Server>, per_master| {
+                let owned = owned.clone();
+                async move { master.acquire_many(owned.as_request(), per_master).await }
             };
-            self.on_a_majority(request.ttl, request.lease(), budget, on_master)
+            let attempt = OwnedLease::of(request.lease());
+            self.on_a_majority(request.ttl, attempt, budget, on_master)
                 .await
         })
     }
@@ -298,19 +628,19 @@ impl Store for RedlockStore {
     fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
         Box::pin(async move {
             // Answers until every lease is decided: a frozen master must not hold back the
-            // majority's confirmations past the leases' deadlines.
+            // majority's confirmations past the leases' deadlines. A master out of the path is
+            // not asked.
             let quorum = self.quorum();
-            let mut pending: FuturesUnordered<_> = self
-                .masters
-                .iter()
-                .map(|master| master.extend(leases))
+            let mut pending: FuturesUnordered<_> = (0..self.masters.len())
+                .filter(|&index| self.in_path(index))
+                .map(|index| async move { (index, self.masters[index].extend(leases).await) })
                 .collect();
-            let mut per_master: Vec<Vec<Renewal>> = Vec::with_capacity(self.masters.len());
-            let decided = |per_master: &[Vec<Renewal>]| {
+            let mut per_master: Vec<(usize, Vec<Renewal>)> = Vec::with_capacity(self.masters.len());
+            let decided = |per_master: &[(usize, Vec<Renewal>)]| {
                 (0..leases.len()).all(|i| {
                     let (extended, lost) = per_master
                         .iter()
-                        .filter_map(|answers| answers.get(i))
+                        .filter_map(|(_, answers)| answers.get(i))
                         .fold((0, 0), |(extended, lost), outcome| match outcome {
                             Renewal::Extended => (extended + 1, lost),
                             Renewal::Lost(_) => (extended, lost + 1),
@@ -333,9 +663,14 @@ impl Store for RedlockStore {
                 }
             }
             drop(pending);
-            (0..leases.len())
+            for (index, answers) in &per_master {
+                if let Some(Renewal::Failed(error @ StoreError::Unavailable(_))) = answers.first() {
+                    self.take_out(*index, error);
+                }
+            }
+            let renewals: Vec<Renewal> = (0..leases.len())
                 .map(|i| {
-                    let outcomes = per_master.iter().filter_map(|answers| answers.get(i));
+                    let outcomes = per_master.iter().filter_map(|(_, answers)| answers.get(i));
                     let (mut extended, mut lost, mut failure) = (0, 0, None);
                     // Taken when any master of the majority that lost it names another owner.
                     let mut reason = LostReason::Gone;
@@ -362,7 +697,9 @@ impl Store for RedlockStore {
                         }))
                     }
                 })
-                .collect()
+                .collect();
+            self.spread(leases, &renewals, &per_master).await;
+            renewals
         })
     }
 
@@ -407,8 +744,16 @@ impl Store for RedlockStore {
     /// not left held on a majority.
     fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let outcomes =
-                join_all(self.masters.iter().map(|master| master.leave(key, token))).await;
+            let outcomes = join_all(self.masters.iter().enumerate().map(|(index, master)| {
+                let in_path = self.in_path(index);
+                async move {
+                    match in_path {
+                        true => master.leave(key, token).await,
+                        false => Err(out_of_path()),
+                    }
+                }
+            }))
+            .await;
             let answered = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
             match answered >= self.quorum() {
                 true => Ok(()),
@@ -423,34 +768,60 @@ impl Store for RedlockStore {
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
         Box::pin(async move {
-            let opened = join_all(self.masters.iter().map(|master| master.release_feed())).await;
-            let mut feeds = Vec::new();
-            let mut failure = None;
-            for feed in opened {
+            // Every master in the path at once; the feed is ready once a majority subscribed
+            // (or every master answered): the others join it when they are open, so a silent
+            // master costs no waiter its wake-ups.
+            let n = self.masters.len();
+            let mut opening: FuturesUnordered<_> = (0..n)
+                .filter(|&index| self.in_path(index))
+                .map(|index| open_feed(self.masters[index].clone(), index))
+                .collect();
+            let mut feeds: Vec<Option<Box<dyn ReleaseFeed>>> = (0..n).map(|_| None).collect();
+            let (mut opened, mut failure) = (0, None);
+            // Still opening: every master in the path that has not answered yet.
+            let mut reopening: Vec<bool> = (0..n).map(|index| self.in_path(index)).collect();
+            while opened < self.quorum() {
+                let Some((index, feed)) = opening.next().await else {
+                    break;
+                };
+                reopening[index] = false;
                 match feed {
-                    Ok(feed) => feeds.push(Some(feed)),
-                    Err(error) => {
-                        failure = Some(error);
-                        feeds.push(None);
+                    Ok(feed) => {
+                        feeds[index] = Some(feed);
+                        opened += 1;
                     }
+                    Err(error) => failure = Some(error),
                 }
             }
             // One master's announcements are enough to wake waiters; none at all is a failure.
-            // The others are opened again in the background of the feed.
-            if feeds.iter().all(Option::is_none) {
+            if opened == 0 {
                 return Err(failure.unwrap_or(StoreError::NoQuorum {
                     answered: 0,
                     needed: 1,
                 }));
             }
-            let down = feeds.iter().any(Option::is_none);
+            let (arrive, arrivals) = mpsc::unbounded_channel();
+            if !opening.is_empty() {
+                let arrive = arrive.clone();
+                tokio::spawn(async move {
+                    while let Some(opened) = opening.next().await {
+                        let _ = arrive.send(opened);
+                    }
+                });
+            }
+            // Down and not opening (failed, or out of the path): opened again with backoff.
+            let down = (0..n).any(|index| feeds[index].is_none() && !reopening[index]);
             let mut reopen = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
             Ok(Box::new(QuorumFeed {
                 masters: self.masters.clone(),
+                path: self.path.clone(),
                 feeds,
                 watched: HashSet::new(),
                 reopen_at: down.then(|| Instant::now() + reopen.next_delay()),
                 reopen,
+                reopening,
+                arrive,
+                arrivals,
                 look_again: VecDeque::new(),
                 heard: HashMap::new(),
             }) as Box<dyn ReleaseFeed>)
@@ -499,26 +870,47 @@ impl Store for RedlockStore {
 
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let connected = join_all(self.masters.iter().map(|master| master.connect())).await;
-            let failed: Vec<String> = connected
-                .iter()
-                .filter_map(|outcome| outcome.as_ref().err().map(ToString::to_string))
+            // Every master in the path at once; done once a majority connected: the others go
+            // on in the background (bounded by the connect timeout), and one that fails is out
+            // of the path until it answers. So a silent master costs the build nothing.
+            let quorum = self.quorum();
+            let mut connecting: FuturesUnordered<_> = (0..self.masters.len())
+                .filter(|&index| self.in_path(index))
+                .map(|index| {
+                    let master = self.masters[index].clone();
+                    async move { (index, master.connect().await) }
+                })
                 .collect();
-            let reached = connected.len() - failed.len();
-            if reached >= self.quorum() {
+            let (mut reached, mut failed) = (0, Vec::new());
+            while reached < quorum {
+                let Some((index, connected)) = connecting.next().await else {
+                    break;
+                };
+                self.note(index, &connected);
+                match connected {
+                    Ok(()) => reached += 1,
+                    Err(error) => failed.push(error),
+                }
+            }
+            if !connecting.is_empty() {
+                let store = self.clone();
+                self.settings.background.spawn(async move {
+                    while let Some((index, connected)) = connecting.next().await {
+                        store.note(index, &connected);
+                    }
+                });
+            }
+            if reached >= quorum {
                 if !failed.is_empty() {
+                    let failed: Vec<String> = failed.iter().map(ToString::to_string).collect();
                     tracing::warn!(reached, failed = ?failed, "some Redlock masters cannot be reached");
                 }
-                Ok(())
-            } else {
-                Err(connected
-                    .into_iter()
-                    .find_map(Result::err)
-                    .unwrap_or(StoreError::NoQuorum {
-                        answered: reached,
-                        needed: self.quorum(),
-                    }))
+                return Ok(());
             }
+            Err(failed.into_iter().next().unwrap_or(StoreError::NoQuorum {
+                answered: reached,
+                needed: quorum,
+            }))
         })
     }
 }
@@ -532,19 +924,24 @@ impl RedlockStore {
     async fn on_every_master<T, F>(
         &self,
         call: impl Fn(RedisStore<Server>) -> F,
-        decided: impl Fn(&[T]) -> bool,
-    ) -> Vec<T>
+        decided: impl Fn(&[Result<T, StoreError>]) -> bool,
+    ) -> Vec<Result<T, StoreError>>
     where
         T: Send + 'static,
-        F: std::future::Future<Output = T> + Send + 'static,
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         // The calls are polled together (one allocation for all of them) and tell their answers
-        // as they come; a slow master's call goes to the background as it is.
+        // as they come; a slow master's call goes to the background as it is. A master out of
+        // the path is not asked.
         let answers = Arc::new(Mutex::new(Vec::with_capacity(self.masters.len())));
-        let mut pending = join_all(self.masters.iter().map(|master| {
-            let (answers, answer) = (answers.clone(), call(master.clone()));
+        let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
+            let asked = self.in_path(index).then(|| call(master.clone()));
+            let answers = answers.clone();
             async move {
-                let answer = answer.await;
+                let answer = match asked {
+                    Some(asked) => asked.await,
+                    None => Err(out_of_path()),
+                };
                 lock(&answers).push(answer);
             }
         }));
@@ -613,13 +1010,16 @@ impl HandsOver for RedlockStore {
                 count(HandOver::NotOurs),
             );
             if handed >= quorum {
+                if not_ours > 0 {
+                    self.spread_hand_over(&theirs);
+                }
                 return Ok(HandOver::Handed);
             }
             // Not enough to hold it: the next holder's token is no lock. It is taken back before
             // answering, since the waiter looks again with that same token (an attempt that
             // finds its own token takes it as its own): a take-back still on its way would
             // delete the lock from under it. Unconfirmed, the waiter must change tokens.
-            if handed > 0 && !self.release_everywhere(theirs.as_ref()).await {
+            if handed > 0 && !self.release_everywhere(&theirs).await {
                 return Err(StoreError::unavailable(
                     "a partial hand-over could not be taken back from every master",
                 ));
@@ -644,13 +1044,42 @@ impl HandsOver for RedlockStore {
     }
 }
 
+impl RedlockStore {
+    /// A lock handed over on a majority, where some master did not hold our lease (it was
+    /// down or slow when the lease was taken, or restarted empty since): the next holder takes
+    /// the key on every master where it is missing (`SET NX PX`, in the background). Without
+    /// this, a chain of short holds handed from waiter to waiter, none renewed, would keep the
+    /// lock on a bare majority for as long as the chain lasts.
+    fn spread_hand_over(&self, next: &OwnedLease) {
+        let masters: Vec<(usize, RedisStore<Server>)> = (0..self.masters.len())
+            .filter(|&index| self.in_path(index))
+            .map(|index| (index, self.masters[index].clone()))
+            .collect();
+        let next = next.clone();
+        self.settings.background.spawn(async move {
+            let taken = masters.iter().map(|(index, master)| {
+                let next = next.as_ref();
+                async move { (*index, master.take_if_missing(next).await) }
+            });
+            for (index, taken) in join_all(taken).await {
+                if let Ok(true) = taken {
+                    tracing::debug!(key = %next.as_ref().key, master = index, "a Redlock lease handed over spread to a master that did not hold it");
+                }
+            }
+        });
+    }
+}
+
 /// Release announcements from every master, one per release. A master whose subscription is
 /// lost (restarted, unreachable) is subscribed again with backoff, while the others carry on;
 /// once it is back, the waiters of every watched key look again, since a release may have gone
 /// by unheard there (a waiter that split the masters with another hears their undo only from
-/// the masters it holds).
+/// the masters it holds). Subscribing runs beside the feed, never in its way: a master that
+/// is slow to answer delays no announcement of the others; one out of the path is left alone
+/// until it answers again.
 struct QuorumFeed {
     masters: Vec<RedisStore<Server>>,
+    path: Arc<Path>,
     /// One per master; `None` while its subscription is down.
     feeds: Vec<Option<Box<dyn ReleaseFeed>>>,
     /// The keys watched, to subscribe again on a master that comes back.
@@ -658,6 +1087,10 @@ struct QuorumFeed {
     reopen: Backoff,
     /// When to try the masters whose subscription is down.
     reopen_at: Option<Instant>,
+    /// Per master: a subscription is being opened, to arrive on `arrivals`.
+    reopening: Vec<bool>,
+    arrive: mpsc::UnboundedSender<Opened>,
+    arrivals: mpsc::UnboundedReceiver<Opened>,
     /// Keys whose waiters look again, reported as releases of no token.
     look_again: VecDeque<String>,
     /// Releases heard lately: when first, and from which masters (by index), to let the other
@@ -700,81 +1133,196 @@ impl QuorumFeed {
 }
 
 impl QuorumFeed {
-    /// Subscribes again on every master whose subscription is down; tells the waiters of every
-    /// watched key to look again when one comes back.
-    async fn reopen_down(&mut self) {
+    /// Starts subscribing again, beside the feed, on every master whose subscription is down
+    /// and that is in the path; the others are tried again later.
+    fn reopen_down(&mut self) {
         let mut still_down = false;
-        for (master, slot) in self.masters.iter().zip(self.feeds.iter_mut()) {
-            if slot.is_some() {
+        for index in 0..self.masters.len() {
+            if self.feeds[index].is_some() || self.reopening[index] {
                 continue;
             }
-            let opened = async {
-                let mut feed = master.release_feed().await?;
-                for key in &self.watched {
-                    feed.watch(key).await?;
-                }
-                Ok::<_, StoreError>(feed)
-            };
-            match opened.await {
-                Ok(feed) => *slot = Some(feed),
-                Err(error) => {
-                    tracing::debug!(error = %error, "a Redlock master's release subscription is still down");
-                    still_down = true;
-                }
+            if self.path.out[index].load(Ordering::Acquire) {
+                still_down = true;
+                continue;
             }
+            self.reopening[index] = true;
+            let opened = open_feed(self.masters[index].clone(), index);
+            let arrive = self.arrive.clone();
+            tokio::spawn(async move {
+                let _ = arrive.send(opened.await);
+            });
         }
         if still_down {
-            self.reopen_at = Some(Instant::now() + self.reopen.next_delay());
-        } else {
-            self.reopen.reset();
+            self.reopen_later();
         }
-        // Whether or not all are back: those that are may have missed releases.
-        self.look_again.extend(self.watched.iter().cloned());
     }
+
+    fn reopen_later(&mut self) {
+        if self.reopen_at.is_none() {
+            self.reopen_at = Some(Instant::now() + self.reopen.next_delay());
+        }
+    }
+
+    /// A subscription opened beside the feed: it watches every watched key, then joins the
+    /// feed, and the waiters of every watched key look again (a release may have gone by
+    /// unheard there).
+    async fn arrived(&mut self, index: usize, opened: Result<Box<dyn ReleaseFeed>, StoreError>) {
+        self.reopening[index] = false;
+        let watching = async {
+            let mut feed = opened?;
+            for key in &self.watched {
+                feed.watch(key).await?;
+            }
+            Ok::<_, StoreError>(feed)
+        };
+        match watching.await {
+            Ok(feed) => {
+                self.feeds[index] = Some(feed);
+                if self.feeds.iter().all(Option::is_some) {
+                    self.reopen.reset();
+                }
+                self.look_again.extend(self.watched.iter().cloned());
+            }
+            Err(error) => {
+                tracing::debug!(master = index, error = %error, "a Redlock master's release subscription is still down");
+                self.reopen_later();
+            }
+        }
+    }
+
+    /// Drops the subscriptions of masters out of the path: a silent master's would hold up
+    /// every watch; it is subscribed again once it answers.
+    fn drop_out_of_path(&mut self) {
+        let mut dropped = false;
+        for (index, feed) in self.feeds.iter_mut().enumerate() {
+            if feed.is_some() && self.path.out[index].load(Ordering::Acquire) {
+                *feed = None;
+                dropped = true;
+            }
+        }
+        if dropped {
+            self.reopen_later();
+        }
+    }
+}
+
+/// A call on every live subscription of a [`QuorumFeed`].
+#[derive(Debug, Clone, Copy)]
+enum FeedCall {
+    Watch,
+    Unwatch,
+    Settle,
+}
+
+impl QuorumFeed {
+    /// How long the other subscriptions have to confirm a call once one did; one that has not
+    /// by then is dropped and opened again beside the feed (a master gone silent would hold up
+    /// every waiter's subscription for a whole response timeout).
+    const LAGGARD: Duration = Duration::from_millis(100);
+
+    /// `call` for `key` on every live subscription at once: done once one confirmed and the
+    /// others did too or [`LAGGARD`](Self::LAGGARD) passed; an error when none confirmed.
+    async fn on_live_feeds(&mut self, key: &str, call: FeedCall) -> Result<(), StoreError> {
+        self.drop_out_of_path();
+        let mut asked: FuturesUnordered<_> = self
+            .feeds
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, feed)| {
+                let feed = feed.as_mut()?;
+                Some(async move {
+                    let done = match call {
+                        FeedCall::Watch => feed.watch(key),
+                        FeedCall::Unwatch => feed.unwatch(key),
+                        FeedCall::Settle => feed.settle(key),
+                    };
+                    (index, done.await)
+                })
+            })
+            .collect();
+        let (mut confirmed, mut failure, mut answered) = (false, None, Vec::new());
+        while let Some((index, done)) = asked.next().await {
+            answered.push(index);
+            match done {
+                Ok(()) => {
+                    confirmed = true;
+                    break;
+                }
+                Err(error) => failure = Some(error),
+            }
+        }
+        if confirmed {
+            let others = async {
+                while let Some((index, done)) = asked.next().await {
+                    answered.push(index);
+                    if let Err(error) = done {
+                        tracing::debug!(master = index, error = %error, "a Redlock master's release subscription failed a call");
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Self::LAGGARD, others).await;
+        }
+        drop(asked);
+        let mut dropped = false;
+        for (index, feed) in self.feeds.iter_mut().enumerate() {
+            if feed.is_some() && !answered.contains(&index) {
+                tracing::debug!(
+                    master = index,
+                    "a Redlock master's release subscription is slow to answer; opened again"
+                );
+                *feed = None;
+                dropped = true;
+            }
+        }
+        if dropped {
+            self.reopen_later();
+        }
+        match confirmed {
+            true => Ok(()),
+            false => Err(failure.unwrap_or(StoreError::NoQuorum {
+                answered: 0,
+                needed: 1,
+            })),
+        }
+    }
+}
+
+/// What woke a [`QuorumFeed`] waiting for its next release.
+enum Woke {
+    /// A master's announcement, or `None`: its subscription closed.
+    Heard(usize, Option<Released>),
+    /// Time to subscribe again where subscriptions are down.
+    Reopen,
+    /// A subscription opened beside the feed.
+    Arrived(usize, Result<Box<dyn ReleaseFeed>, StoreError>),
+}
+
+/// A master's release subscription, opened (or not), by master index.
+type Opened = (usize, Result<Box<dyn ReleaseFeed>, StoreError>);
+
+/// Opens master `index`'s release subscription.
+async fn open_feed(master: RedisStore<Server>, index: usize) -> Opened {
+    (index, master.release_feed().await)
 }
 
 impl ReleaseFeed for QuorumFeed {
     fn watch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.watched.insert(key.to_owned());
-            let live = self.feeds.iter_mut().flatten();
-            let watched = join_all(live.map(|feed| feed.watch(key))).await;
             // One master that hears releases is enough; the lease-timed fallback covers the rest.
-            if watched.iter().any(Result::is_ok) {
-                Ok(())
-            } else {
-                watched.into_iter().find_map(Result::err).map_or(
-                    Err(StoreError::NoQuorum {
-                        answered: 0,
-                        needed: 1,
-                    }),
-                    Err,
-                )
-            }
+            self.on_live_feeds(key, FeedCall::Watch).await
         })
     }
 
     fn unwatch<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.watched.remove(key);
-            let live = self.feeds.iter_mut().flatten();
-            let unwatched = join_all(live.map(|feed| feed.unwatch(key))).await;
-            unwatched
-                .into_iter()
-                .find_map(Result::err)
-                .map_or(Ok(()), Err)
+            self.on_live_feeds(key, FeedCall::Unwatch).await
         })
     }
 
     fn settle<'a>(&'a mut self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let live = self.feeds.iter_mut().flatten();
-            let settled = join_all(live.map(|feed| feed.settle(key))).await;
-            settled
-                .into_iter()
-                .find_map(Result::err)
-                .map_or(Ok(()), Err)
-        })
+        Box::pin(self.on_live_feeds(key, FeedCall::Settle))
     }
 
     fn next_release(&mut self) -> BoxFuture<'_, Option<Released>> {
@@ -806,17 +1354,18 @@ impl ReleaseFeed for QuorumFeed {
                         None => std::future::pending().await,
                     }
                 };
-                let heard = tokio::select! {
-                    ((index, released), _, _) = heard => Some((index, released)),
-                    () = reopen => None,
+                let woke = tokio::select! {
+                    ((index, released), _, _) = heard => Woke::Heard(index, released),
+                    () = reopen => Woke::Reopen,
+                    Some((index, opened)) = self.arrivals.recv() => Woke::Arrived(index, opened),
                 };
-                match heard {
-                    Some((index, Some(released))) => {
+                match woke {
+                    Woke::Heard(index, Some(released)) => {
                         if self.is_news(index, released.clone()) {
                             return Some(released);
                         }
                     }
-                    Some((index, None)) => {
+                    Woke::Heard(index, None) => {
                         // That master's subscription is gone: the others carry on, and it is
                         // subscribed again with backoff.
                         tracing::debug!(
@@ -824,14 +1373,13 @@ impl ReleaseFeed for QuorumFeed {
                             "a Redlock master's release subscription closed"
                         );
                         self.feeds[index] = None;
-                        if self.reopen_at.is_none() {
-                            self.reopen_at = Some(Instant::now() + self.reopen.next_delay());
-                        }
+                        self.reopen_later();
                     }
-                    None => {
+                    Woke::Reopen => {
                         self.reopen_at = None;
-                        self.reopen_down().await;
+                        self.reopen_down();
                     }
+                    Woke::Arrived(index, opened) => self.arrived(index, opened).await,
                 }
             }
         })

@@ -157,6 +157,14 @@ impl<C: Clone> PerRuntime<C> {
         }
     }
 
+    /// The server answers again (a probe heard it): every runtime may open its connection at
+    /// once rather than sit out its pause after the last failure.
+    pub(crate) fn retry_now(&self) {
+        for slot in self.lock().iter_mut() {
+            slot.retry_at = None;
+        }
+    }
+
     /// Drops every connection, e.g. when the server behind them is no longer the master.
     pub(crate) fn invalidate_all(&self) {
         for slot in self.lock().iter_mut() {

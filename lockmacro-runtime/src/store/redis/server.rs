@@ -147,6 +147,24 @@ impl RedisStore<Server> {
 }
 
 impl RedisStore<Server> {
+    /// Takes `lease`'s key for its value where the key is missing (a plain `SET NX PX`): a
+    /// Redlock lease held on a majority spreading to a master that lost it or never had it.
+    /// `true` when taken.
+    pub(crate) async fn take_if_missing(&self, lease: LeaseRef<'_>) -> Result<bool, StoreError> {
+        let cmd = scripts::set_nx(lease.key, lease.value, lease.ttl);
+        let mut connection = self.transport.connection().await?;
+        let budget = self.transport.settings.response_timeout;
+        self.send(&mut connection, lease.key, Request::Cmd(&cmd), budget)
+            .await
+            .map(|super::SetNx(taken)| taken)
+            .map_err(SendError::into_store_error)
+    }
+
+    /// A probe heard this server answer: callers on every runtime may connect again at once.
+    pub(crate) fn answers_again(&self) {
+        self.transport.connections.retry_now();
+    }
+
     /// This server as [`Health`] shows it, in `role`.
     pub(crate) async fn node_health(&self, role: NodeRole) -> NodeHealth {
         self.transport.node_health(role).await
