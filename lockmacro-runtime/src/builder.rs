@@ -21,9 +21,15 @@ pub struct LockClientBuilder {
     shutdown_timeout: Duration,
     namespace: String,
     app_name: Option<String>,
+    replica_acks: u32,
+    replica_ack_timeout: Duration,
     #[cfg(feature = "tls")]
     tls_root_certificate: Option<Vec<u8>>,
 }
+
+/// How long a grant waits for its replicas unless told otherwise: half the default response
+/// timeout, since on a Cluster the node's reply timer bounds the `WAIT` too.
+pub(crate) const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How long [`LockClient::shutdown`](crate::LockClient::shutdown) waits for its releases
 /// unless told otherwise.
@@ -38,6 +44,8 @@ impl std::fmt::Debug for LockClientBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("namespace", &self.namespace)
             .field("app_name", &self.app_name)
+            .field("replica_acks", &self.replica_acks)
+            .field("replica_ack_timeout", &self.replica_ack_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -52,6 +60,8 @@ impl LockClientBuilder {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             namespace: "lockmacro".to_owned(),
             app_name: None,
+            replica_acks: 1,
+            replica_ack_timeout: DEFAULT_REPLICA_ACK_TIMEOUT,
             #[cfg(feature = "tls")]
             tls_root_certificate: None,
         }
@@ -100,6 +110,28 @@ impl LockClientBuilder {
         self
     }
 
+    /// How many replicas must acknowledge a lock, and each renewal, before it counts (Sentinel,
+    /// Cluster; default 1). `WAIT` is sent behind the write, on its connection: no extra round
+    /// trip while the replicas keep up. At most as many as the master has are asked for (one
+    /// Redis without replicas sends no `WAIT`); a replica silent for more than 5 s no longer
+    /// counts. A grant fewer replicas acknowledged within
+    /// [`replica_ack_timeout`](Self::replica_ack_timeout) is undone and fails with
+    /// [`LockError::Redis`](crate::LockError::Redis); a renewal that is not acknowledged does
+    /// not move the lease's deadline (it is retried). 0 turns acknowledgement off: a failover to
+    /// a replica the lock had not reached yet can then let a second holder in.
+    pub fn replica_acks(mut self, replicas: u32) -> Self {
+        self.replica_acks = replicas;
+        self
+    }
+
+    /// How long a grant or renewal waits for its replicas' acknowledgement (default 500 ms). On
+    /// a Cluster it is cut to three quarters of the response timeout, which bounds the `WAIT`'s
+    /// reply too.
+    pub fn replica_ack_timeout(mut self, timeout: Duration) -> Self {
+        self.replica_ack_timeout = timeout;
+        self
+    }
+
     /// Trusts this root certificate (PEM) instead of the system's roots for `rediss://` URLs,
     /// e.g. a private CA. Verification stays on; to turn it off (tests only), end the URL with
     /// `#insecure`, which needs the `tls-insecure` feature.
@@ -126,6 +158,8 @@ impl LockClientBuilder {
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             names: Names::new(&self.namespace),
+            replica_acks: self.replica_acks,
+            replica_ack_timeout: self.replica_ack_timeout,
             background: handle,
         };
         let store = self.deployment.store(settings, self.tls_root())?;

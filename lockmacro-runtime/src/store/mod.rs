@@ -41,6 +41,11 @@ pub(crate) struct Settings {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) names: Names,
+    /// Replicas that must acknowledge a grant or renewal (`LockClientBuilder::replica_acks`),
+    /// at most as many as the master has; 0: none.
+    pub(crate) replica_acks: u32,
+    /// How long a grant or renewal waits for its replicas' acknowledgement.
+    pub(crate) replica_ack_timeout: Duration,
     /// The client's own runtime: undoing an abandoned acquire runs there.
     pub(crate) background: Handle,
 }

@@ -150,6 +150,37 @@ impl Transport for Cluster {
         }
     }
 
+    /// Routed to the master of `key`'s slot: redis-rs sends a `WAIT` of its own to every
+    /// master (and answers the least of their counts), and a pipeline's keyless command to
+    /// whichever node its first key names.
+    async fn wait_replicas(
+        &self,
+        connection: &mut ClusterConnection,
+        key: &str,
+        wait: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<u32, SendError> {
+        let budget = timeout + self.settings.response_timeout;
+        let acked = within(
+            budget,
+            connection.route_command(wait.clone(), master_of(key)),
+        );
+        redis::from_redis_value(acked.await?)
+            .map_err(|err| SendError::Unknown(StoreError::unavailable(err)))
+    }
+
+    async fn replication(
+        &self,
+        connection: &mut ClusterConnection,
+        key: &str,
+    ) -> Result<String, SendError> {
+        let info = redis::cmd("INFO").arg("replication").clone();
+        let budget = self.settings.response_timeout;
+        let info = within(budget, connection.route_command(info, master_of(key)));
+        redis::from_redis_value(info.await?)
+            .map_err(|err| SendError::Unknown(StoreError::unavailable(err)))
+    }
+
     /// Loads the scripts on the node that owns `key` alone (a promoted replica, say).
     async fn load_scripts(
         &self,
@@ -333,6 +364,14 @@ fn within<T>(
             budget,
         )))),
     })
+}
+
+/// The master of `key`'s slot.
+fn master_of(key: &str) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+        key,
+        SlotAddr::Master,
+    )))
 }
 
 /// Whether a failed request may have run; a cluster's own errors (`MOVED`, `TRYAGAIN`, ...) came

@@ -25,10 +25,12 @@ use super::{
 };
 use crate::error::{LockError, LostReason};
 use crate::health::Health;
+use replicas::{Needed, NotAcknowledged, Replicas};
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
 mod feed;
+mod replicas;
 pub(crate) mod sentinel;
 pub(crate) mod server;
 
@@ -63,6 +65,25 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
         request: Request<'_>,
         budget: Duration,
     ) -> impl Future<Output = Result<R, SendError>> + Send;
+
+    /// `WAIT acks timeout` ([`Replicas::wait_cmd`]) on the server that holds `key`, on
+    /// `connection`: how many replicas have every write sent on it so far. Sent while a write's
+    /// reply is awaited, it is pipelined behind it where the transport keeps the order of one
+    /// connection's requests ([`Layout::Server`]).
+    fn wait_replicas(
+        &self,
+        connection: &mut Self::Connection,
+        key: &str,
+        wait: &redis::Cmd,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<u32, SendError>> + Send;
+
+    /// `INFO replication` of the server that holds `key`.
+    fn replication(
+        &self,
+        connection: &mut Self::Connection,
+        key: &str,
+    ) -> impl Future<Output = Result<String, SendError>> + Send;
 
     /// Loads every script on the server that holds `key`, after it answered `NOSCRIPT`.
     fn load_scripts(
@@ -234,19 +255,32 @@ async fn bounded<T>(
 /// The lock over one deployment's [`Transport`].
 pub(crate) struct RedisStore<T> {
     transport: Arc<T>,
+    /// How many replicas a write needs.
+    replicas: Arc<Replicas>,
 }
 
 impl<T> Clone for RedisStore<T> {
     fn clone(&self) -> Self {
         Self {
             transport: self.transport.clone(),
+            replicas: self.replicas.clone(),
         }
     }
 }
 
 impl<T: Transport> RedisStore<T> {
     pub(crate) fn new(transport: Arc<T>) -> Self {
-        Self { transport }
+        let settings = transport.settings();
+        let mut timeout = settings.replica_ack_timeout;
+        if T::LAYOUT == Layout::Cluster {
+            // The node's reply timer (the response timeout) bounds the `WAIT` too.
+            timeout = timeout.min(settings.response_timeout * 3 / 4);
+        }
+        let replicas = Replicas::new(settings.replica_acks, timeout);
+        Self {
+            transport,
+            replicas: Arc::new(replicas),
+        }
     }
 
     fn settings(&self) -> &Settings {
@@ -287,6 +321,122 @@ impl<T: Transport> RedisStore<T> {
         self.send(&mut connection, key, Request::Cmd(cmd), budget)
             .await
             .map_err(SendError::into_store_error)
+    }
+
+    /// How many replicas a write of `key` must reach (`None`: no `WAIT`). Replicas never counted
+    /// are counted first, on `connection`; a count that is due runs in the background.
+    async fn acks_needed(
+        &self,
+        connection: &mut T::Connection,
+        key: &str,
+    ) -> Result<Option<u32>, StoreError> {
+        let (needed, stale) = self.replicas.needed();
+        if stale {
+            let store = self.clone();
+            let key = key.to_owned();
+            self.settings().background.spawn(async move {
+                match store.transport.connection().await {
+                    Ok(mut connection) => {
+                        let _ = store.count_replicas(&mut connection, &key).await;
+                    }
+                    Err(_) => store.replicas.count_failed(),
+                }
+            });
+        }
+        Ok(match needed {
+            Needed::Nothing => None,
+            Needed::Acks(acks) => Some(acks),
+            Needed::Count => Some(self.count_replicas(connection, key).await?).filter(|&n| n > 0),
+        })
+    }
+
+    /// Counts the replicas of `key`'s master: the acks a write needs now. A server that refuses
+    /// `INFO` (an ACL) is taken to have none.
+    async fn count_replicas(
+        &self,
+        connection: &mut T::Connection,
+        key: &str,
+    ) -> Result<u32, StoreError> {
+        match self.transport.replication(connection, key).await {
+            Ok(info) => Ok(self.replicas.counted(&info)),
+            Err(SendError::Answered(err)) => {
+                tracing::warn!(error = %err, "cannot count the master's replicas (`INFO replication` refused): no replica acknowledgement");
+                Ok(self.replicas.counted(""))
+            }
+            Err(SendError::Unknown(error)) => {
+                self.replicas.count_failed();
+                Err(error)
+            }
+        }
+    }
+
+    /// `write`'s reply, and when `acks` replicas must have it and it `took`, `WAIT`'s answer:
+    /// on one server the `WAIT` is sent at once, pipelined behind the write on its connection
+    /// (no extra round trip); on a cluster once the write's reply came, to the node that took
+    /// it (redis-rs keeps no order between two requests to one node).
+    async fn with_wait<R>(
+        &self,
+        waiting: &mut T::Connection,
+        key: &str,
+        acks: Option<u32>,
+        write: impl Future<Output = Result<R, SendError>>,
+        took: impl FnOnce(&R) -> bool,
+    ) -> (Result<R, SendError>, Option<Result<u32, SendError>>) {
+        let Some(acks) = acks else {
+            return (write.await, None);
+        };
+        let wait = self.replicas.wait_cmd(acks);
+        let timeout = self.replicas.timeout;
+        match T::LAYOUT {
+            Layout::Server => {
+                let waited = self.transport.wait_replicas(waiting, key, &wait, timeout);
+                let (reply, acked) = futures_util::join!(write, waited);
+                let took = reply.as_ref().is_ok_and(took);
+                (reply, took.then_some(acked))
+            }
+            Layout::Cluster => {
+                let reply = write.await;
+                if !reply.as_ref().is_ok_and(took) {
+                    return (reply, None);
+                }
+                let acked = self.transport.wait_replicas(waiting, key, &wait, timeout);
+                (reply, Some(acked.await))
+            }
+        }
+    }
+
+    /// Whether `acked`, `WAIT`'s answer after a write of `key` that `needed` that many replicas,
+    /// is enough. On a shortfall the replicas are counted again: one the master lost (silent for
+    /// [`replicas::SILENT_AFTER`]) no longer holds the write up.
+    async fn acknowledged(
+        &self,
+        connection: &mut T::Connection,
+        key: &str,
+        needed: u32,
+        acked: Result<u32, SendError>,
+    ) -> Result<(), StoreError> {
+        let (acked, cause) = match acked {
+            Ok(acked) => (acked, String::new()),
+            Err(sent) => (0, format!(" (no answer: {})", sent.into_store_error())),
+        };
+        if acked >= needed {
+            return Ok(());
+        }
+        if cause.is_empty()
+            && self
+                .count_replicas(connection, key)
+                .await
+                .is_ok_and(|now| acked >= now)
+        {
+            return Ok(());
+        }
+        Err(StoreError::unavailable(NotAcknowledged {
+            key: key.to_owned(),
+            acked,
+            needed,
+            timeout_ms: self.replicas.timeout.as_millis(),
+            cause,
+        }))
     }
 
     fn release_cmd(&self, lease: LeaseRef<'_>) -> Result<redis::Cmd, LockError> {
@@ -384,23 +534,57 @@ impl<T: Transport> RedisStore<T> {
             armed: true,
             abandoned: request.lease(),
         };
+        let acks = self.acks_needed(&mut undo.connection, request.key).await?;
+        let mut waiting = undo.connection.clone();
         let connection = &mut undo.connection;
-        let reply = match request.is_plain() {
-            true => match self.set_nx(connection, &request, cmd, budget).await {
-                Ok(true) => Ok(Ok(Acquired::Taken {
-                    fencing_token: None,
-                })),
-                Ok(false) => {
-                    let script = self.acquire_script(&request)?;
-                    self.run_acquire(connection, &request, &script, budget)
-                        .await
-                }
-                Err(error) => Err(error),
-            },
-            false => self.run_acquire(connection, &request, cmd, budget).await,
+        let first = async {
+            match request.is_plain() {
+                true => self
+                    .set_nx(connection, &request, cmd, budget)
+                    .await
+                    .map(|taken| taken.then_some(Ok(TAKEN))),
+                false => self
+                    .run_acquire(connection, &request, cmd, budget)
+                    .await
+                    .map(Some),
+            }
+        };
+        let (first, mut acked) = self
+            .with_wait(&mut waiting, request.key, acks, first, |reply| {
+                matches!(reply, Some(Ok(Acquired::Taken { .. })))
+            })
+            .await;
+        let reply = match first {
+            Ok(Some(acquired)) => Ok(acquired),
+            // The plain `SET` found the key taken: the script tells what holds it, and when to
+            // come back (and takes the key, if it was freed meanwhile).
+            Ok(None) => {
+                let script = self.acquire_script(&request)?;
+                let reply = self
+                    .run_acquire(connection, &request, &script, budget)
+                    .await;
+                let write = async { reply };
+                let (reply, then) = self
+                    .with_wait(&mut waiting, request.key, acks, write, |reply| {
+                        matches!(reply, Ok(Acquired::Taken { .. }))
+                    })
+                    .await;
+                acked = then;
+                reply
+            }
+            Err(error) => Err(error),
         };
         match reply {
             Ok(acquired) => {
+                if let (Ok(Acquired::Taken { .. }), Some(needed), Some(acked)) =
+                    (&acquired, acks, acked)
+                {
+                    let confirmed = self.acknowledged(connection, request.key, needed, acked);
+                    if let Err(error) = confirmed.await {
+                        self.undo_now(&mut undo).await;
+                        return Err(error);
+                    }
+                }
                 undo.disarm();
                 Ok(acquired?)
             }
@@ -410,6 +594,32 @@ impl<T: Transport> RedisStore<T> {
                 Err(SendError::Answered(err).into_store_error())
             }
             Err(SendError::Unknown(error)) => Err(error),
+        }
+    }
+
+    /// Undoes a grant its replicas did not acknowledge, before the caller hears of it, on the
+    /// connection that carried it; left to the guard (in the background) when that fails.
+    async fn undo_now(&self, undo: &mut UndoGuard<'_, T>) {
+        let abandoned = undo.abandoned;
+        let released = match abandoned.keys.is_empty() {
+            true => match self.release_cmd(abandoned) {
+                Ok(cmd) => {
+                    let budget = self.settings().response_timeout;
+                    let request = Request::Cmd(&cmd);
+                    let sent =
+                        self.send::<i64>(&mut undo.connection, abandoned.key, request, budget);
+                    sent.await.is_ok()
+                }
+                Err(_) => true,
+            },
+            false => {
+                let groups = Self::key_groups(abandoned.keys);
+                self.release_groups_on(&mut undo.connection, abandoned, &groups)
+                    .await
+            }
+        };
+        if released {
+            undo.disarm();
         }
     }
 
@@ -547,6 +757,9 @@ impl<T: Transport> RedisStore<T> {
             armed: true,
             abandoned: request.lease(),
         };
+        let acks = self
+            .acks_needed(&mut undo.connection, &request.keys[0])
+            .await?;
         let whole = groups.len() == 1;
         for (at, group) in groups.iter().enumerate() {
             let keys: Vec<&str> = group.iter().map(|&i| request.keys[i].as_str()).collect();
@@ -600,6 +813,24 @@ impl<T: Transport> RedisStore<T> {
             }
             return refused;
         }
+        if let Some(needed) = acks {
+            // Every key taken: each group's server is asked for its replicas, one by one (a
+            // multi-key lock pays this round trip; a single key's `WAIT` is pipelined).
+            let wait = self.replicas.wait_cmd(needed);
+            let timeout = self.replicas.timeout;
+            for group in &groups {
+                let key = &request.keys[group[0]];
+                let connection = &mut undo.connection;
+                let acked = self
+                    .transport
+                    .wait_replicas(connection, key, &wait, timeout);
+                let acked = acked.await;
+                if let Err(error) = self.acknowledged(connection, key, needed, acked).await {
+                    self.undo_now(&mut undo).await;
+                    return Err(error);
+                }
+            }
+        }
         undo.disarm();
         Ok(AcquiredMany::Taken)
     }
@@ -610,21 +841,38 @@ impl<T: Transport> RedisStore<T> {
         mut connection: T::Connection,
         leases: &[LeaseRef<'_>],
     ) -> Vec<Renewal> {
+        let key = leases[0].key;
+        let acks = match self.acks_needed(&mut connection, key).await {
+            Ok(acks) => acks,
+            Err(error) => return vec![Renewal::Failed(error); leases.len()],
+        };
         let batch = scripts::extend(leases);
         let budget = self.settings().response_timeout;
-        let replied = self
-            .send::<Vec<Vec<i64>>>(
-                &mut connection,
-                leases[0].key,
-                Request::Pipeline(&batch),
-                budget,
-            )
+        let mut waiting = connection.clone();
+        let sent =
+            self.send::<Vec<Vec<i64>>>(&mut connection, key, Request::Pipeline(&batch), budget);
+        let (replied, acked) = self
+            .with_wait(&mut waiting, key, acks, sent, |chunks| {
+                chunks.iter().flatten().any(|&one| one == 1)
+            })
             .await;
+        // A renewal its replicas did not acknowledge does not count: it is retried, and the
+        // lease's deadline stays where it was.
+        let unacknowledged = match (acks, acked) {
+            (Some(needed), Some(acked)) => self
+                .acknowledged(&mut connection, key, needed, acked)
+                .await
+                .err(),
+            _ => None,
+        };
         match replied.map(|chunks| chunks.concat()) {
             Ok(extended) if extended.len() == leases.len() => extended
                 .into_iter()
                 .map(|one| match one {
-                    1 => Renewal::Extended,
+                    1 => match &unacknowledged {
+                        None => Renewal::Extended,
+                        Some(error) => Renewal::Failed(error.clone()),
+                    },
                     2 => Renewal::Lost(LostReason::Taken),
                     _ => Renewal::Lost(LostReason::Gone),
                 })
@@ -839,6 +1087,11 @@ impl<T: Transport> HandsOver for RedisStore<T> {
         })
     }
 }
+
+/// What a grant is, without a fencing token.
+const TAKEN: Acquired = Acquired::Taken {
+    fencing_token: None,
+};
 
 /// Undoes a `SET` whose outcome is unknown, on the connection that carried it, unless disarmed
 /// once the reply is known.

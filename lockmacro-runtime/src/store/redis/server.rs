@@ -299,6 +299,33 @@ impl Transport for Server {
         }
     }
 
+    async fn wait_replicas(
+        &self,
+        lent: &mut Self::Connection,
+        _key: &str,
+        wait: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<u32, SendError> {
+        // `WAIT` answers after up to `timeout`: its reply timer allows for that.
+        lent.connection
+            .set_response_timeout(timeout + self.settings.response_timeout);
+        match wait.query_async(&mut lent.connection).await {
+            Ok(acked) => Ok(acked),
+            Err(err) => Err(self.classify(lent.generation, err)),
+        }
+    }
+
+    async fn replication(
+        &self,
+        lent: &mut Self::Connection,
+        _key: &str,
+    ) -> Result<String, SendError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        let budget = self.settings.response_timeout;
+        self.send_once(lent, Request::Cmd(&info), budget).await
+    }
+
     /// One server holds every key.
     async fn load_scripts(
         &self,
