@@ -572,7 +572,8 @@ async fn redis_errors_no_quorum_and_redlock_splits_are_counted() {
     assert!(recorded.counter("lockmacro_redis_errors_total", &acquire) > errors_before);
 
     // Redlock over 3 masters: one down, one holding another owner's token, one free. The
-    // attempt takes the free one, finds one busy: a split, and no majority either way.
+    // attempt takes the free one, finds one busy: a split, no majority either way, and so
+    // `Busy` with a short retry; with a second master down no majority answers: `NoQuorum`.
     let mut masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
     let quorum = LockClient::redlock_builder(&urls)
@@ -591,10 +592,18 @@ async fn redis_errors_no_quorum_and_redlock_splits_are_counted() {
         .run_locked("split:1", labelled("split", 1000), async {})
         .await;
     assert!(
-        matches!(outcome, Err(LockError::NoQuorum { .. })),
+        matches!(outcome, Err(LockError::Busy { .. })),
         "{outcome:?}"
     );
     assert!(recorded.counter("lockmacro_redlock_splits_total", &[]) > splits);
+    masters[1].kill();
+    let outcome = quorum
+        .run_locked("split:1", labelled("split", 1000), async {})
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::NoQuorum { .. })),
+        "{outcome:?}"
+    );
     assert!(recorded.counter("lockmacro_redlock_no_quorum_total", &acquire) > no_quorum);
     let seen = recorded.update();
     for name in [

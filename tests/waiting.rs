@@ -373,7 +373,7 @@ fn processes_take_turns_fairly(target: testkit::turns::Target, keys: &[&str]) {
     if matches!(target, testkit::turns::Target::Redlock(_)) {
         // On Redlock the masters may each hand the key to another caller owed it (each sees
         // the reservations that reached it), and a split hand-over is undone: the lock is safe
-        // and passes on, but its shares are reported, not yet promised (see notes/waiting.md).
+        // and passes on, but its shares are reported, not yet promised (see docs/deployments.md, Redlock).
         return;
     }
     assert!(

@@ -262,7 +262,10 @@ impl RedlockStore {
                 let late = lock(&answers).split_off(seen);
                 store.late_answers(late, &attempt, ours).await;
                 let mut waiting = lock(&store.settling);
-                if waiting.get(&token).is_some_and(|now| Arc::ptr_eq(now, &gate)) {
+                if waiting
+                    .get(&token)
+                    .is_some_and(|now| Arc::ptr_eq(now, &gate))
+                {
                     waiting.remove(&token);
                 }
                 drop(settling);

@@ -1028,6 +1028,11 @@ impl<T: Transport> Store for RedisStore<T> {
                     Err(SendError::Unknown(error)) => return Err(error),
                     _ => {}
                 }
+                // The master's replicas are counted now, so the first lock pays no `INFO` (a
+                // count the acquire waited for was not bounded by its lease).
+                if self.replicas.needed().0 == Needed::Count {
+                    self.count_replicas(&mut connection, "").await?;
+                }
             }
             Ok(())
         })
