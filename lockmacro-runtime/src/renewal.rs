@@ -25,6 +25,7 @@ use crate::background::Background;
 use crate::clock::{self, nanos};
 use crate::error::LostReason;
 use crate::metrics;
+use crate::options::LockKind;
 use crate::state::LeaseState;
 use crate::store::{LeaseRef, Renewal, Store, StoreError, protocol};
 
@@ -331,7 +332,7 @@ pub(crate) enum LeaseCheck {
 }
 
 /// Checks the leases news concerns, in the background, reading only: a key found without our
-/// hold ends its lease `Lost` (`Gone`) now; anything else (ours, or Redis not answering) is left
+/// hold ends its lease `Lost` now (`Gone`, or `Taken` when another holds it); anything else (ours, or Redis not answering) is left
 /// to the watchdog's next renewal, so a check never costs a lease a renewal.
 #[derive(Clone)]
 pub(crate) struct LeaseChecker(Arc<Shared>);
@@ -381,17 +382,28 @@ async fn check(shared: &Shared, lease: Arc<LeaseState>) {
         let Ok(found) = found else {
             return;
         };
-        let ours = found.is_some_and(|found| {
-            found
-                .holders
-                .iter()
-                .any(|(value, _)| protocol::holds(value, &lease.value))
-        });
-        if !ours && !lease.is_finished() && !lease.is_lost() {
-            tracing::warn!(key = %key, "lock lost: its key no longer holds it (freed by force, or lost to a restart, failover or flush)");
-            lease.mark_lost(LostReason::Gone);
-            return;
+        // As an extension would say: another holder there is `Taken`; nothing there, or a
+        // shared lock of our kind without our hold, `Gone`.
+        let reason = match found {
+            None => LostReason::Gone,
+            Some(found)
+                if found
+                    .holders
+                    .iter()
+                    .any(|(value, _)| protocol::holds(value, &lease.value)) =>
+            {
+                continue;
+            }
+            Some(found) if found.kind == lease.kind && lease.kind != LockKind::Exclusive => {
+                LostReason::Gone
+            }
+            Some(_) => LostReason::Taken,
+        };
+        if !lease.is_finished() && !lease.is_lost() {
+            tracing::warn!(key = %key, %reason, "lock lost: its key no longer holds it (freed by force, taken, or lost to a restart, failover or flush)");
+            lease.mark_lost(reason);
         }
+        return;
     }
 }
 
