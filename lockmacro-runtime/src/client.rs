@@ -272,7 +272,9 @@ impl LockClient {
             };
         }
         // The span wraps the acquire and the release as well as the work: every event of the
-        // call (taken, waited, released, lost) says which lock it is about.
+        // call (taken, waited, released, lost) says which lock it is about. Two arms rather
+        // than a helper taking the call: a wrapper future holding both forms doubled the
+        // state of nested calls (a nested test overflowed its stack).
         match lease::lock_span(&key) {
             Some(span) => {
                 let locked = async {
