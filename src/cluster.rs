@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::RedisServer;
+use crate::server::expect_ok;
 
 /// How long the cluster may take to form, or to recover after a failover.
 const FORM_BUDGET: Duration = Duration::from_secs(30);
@@ -200,22 +201,45 @@ impl RedisCluster {
         self.wait_until_ready();
     }
 
-    /// A planned failover: a replica of `key`'s master takes over with `CLUSTER FAILOVER`, and the
-    /// cluster is ready again. Returns the new master's port.
-    pub fn fail_over(&self, key: &str) -> u16 {
-        let old = self.master_of(key).port();
+    /// A live replica of the master serving `key`.
+    ///
+    /// # Panics
+    ///
+    /// If that master has none.
+    pub fn replica_of(&self, key: &str) -> &RedisServer {
+        let master = self.master_of(key).port();
         let topology = self.topology();
         let master_id = topology
             .iter()
-            .find(|info| info.port == old)
+            .find(|info| info.port == master)
             .map(|info| info.id.clone())
             .expect("the master is known");
         let replica = topology
             .iter()
             .find(|info| info.replicates.as_deref() == Some(&master_id) && !info.failed)
-            .unwrap_or_else(|| panic!("master on {old} has no live replica"))
+            .unwrap_or_else(|| panic!("master on {master} has no live replica"))
             .port;
-        expect_ok(self.by_port(replica).command(&["CLUSTER", "FAILOVER"]));
+        self.by_port(replica)
+    }
+
+    /// A planned failover: a replica of `key`'s master takes over with `CLUSTER FAILOVER`, and the
+    /// cluster is ready again. Returns the new master's port.
+    pub fn fail_over(&self, key: &str) -> u16 {
+        self.fail_over_with(key, &[])
+    }
+
+    /// A failover a replica of `key`'s master forces with `CLUSTER FAILOVER TAKEOVER`: it takes
+    /// over at once, whatever it has, and the old master becomes its replica (dropping what it
+    /// had and the replica had not). Waits until the cluster is ready; returns the new master's
+    /// port.
+    pub fn take_over(&self, key: &str) -> u16 {
+        self.fail_over_with(key, &["TAKEOVER"])
+    }
+
+    fn fail_over_with(&self, key: &str, how: &[&str]) -> u16 {
+        let replica = self.replica_of(key).port();
+        let command = [&["CLUSTER", "FAILOVER"], how].concat();
+        expect_ok(self.by_port(replica).command(&command));
         self.wait_until("the replica became master", |cluster| {
             cluster.master_of(key).port() == replica
         });
@@ -373,13 +397,6 @@ fn serves(info: &NodeInfo, slot: u16) -> bool {
 
 fn node_id(node: &RedisServer) -> String {
     redis::from_redis_value(node.command(&["CLUSTER", "MYID"])).expect("CLUSTER MYID")
-}
-
-fn expect_ok(reply: redis::Value) {
-    assert!(
-        matches!(reply, redis::Value::Okay | redis::Value::SimpleString(_)),
-        "cluster set-up: {reply:?}"
-    );
 }
 
 fn info_text(node: &RedisServer, command: &[&str]) -> String {

@@ -26,9 +26,11 @@ pub trait Deployment {
     /// The value stored under `key` (a holder's token), read around the library.
     async fn holder(&self, key: &str) -> Option<String>;
 
-    /// Lets another owner take `key`, replacing whatever is there, for `ttl` (or for good):
-    /// a lock value of another process. Returns its token.
-    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String;
+    /// Lets another owner take `key`, replacing whatever is there, for `ttl`: a lock value of
+    /// another process, with a lease as the library writes it (a lock value that never expires
+    /// is no lock the library would write: a look reads it as no lock, a renewal as another's).
+    /// Returns its token.
+    async fn impose(&self, key: &str, ttl: Duration) -> String;
 
     /// Puts another application's data under `key` (`SET key hello`, or `HSET key field value`
     /// for [`Foreign::Hash`]), with no expiry.
@@ -91,7 +93,7 @@ impl Deployment for SingleRedis {
         get(&self.server, key).await
     }
 
-    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+    async fn impose(&self, key: &str, ttl: Duration) -> String {
         set(&self.server, key, ttl).await
     }
 
@@ -138,7 +140,7 @@ impl Deployment for Sentinel {
         get(self.deployment.master(), key).await
     }
 
-    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+    async fn impose(&self, key: &str, ttl: Duration) -> String {
         set(self.deployment.master(), key, ttl).await
     }
 
@@ -192,7 +194,7 @@ impl Deployment for Cluster {
         get(self.cluster.master_of(key), key).await
     }
 
-    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+    async fn impose(&self, key: &str, ttl: Duration) -> String {
         set(self.cluster.master_of(key), key, ttl).await
     }
 
@@ -254,7 +256,7 @@ impl Deployment for Redlock {
             .cloned()
     }
 
-    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
+    async fn impose(&self, key: &str, ttl: Duration) -> String {
         let value = lock_value_of_another();
         for server in &self.servers {
             set_value(server, key, &value, ttl).await;
@@ -330,9 +332,8 @@ impl Deployment for InMemory {
         self.hooks().holder(key)
     }
 
-    async fn impose(&self, key: &str, ttl: Option<Duration>) -> String {
-        self.hooks()
-            .take_over(key, ttl.unwrap_or(Duration::from_secs(3_600)))
+    async fn impose(&self, key: &str, ttl: Duration) -> String {
+        self.hooks().take_over(key, ttl)
     }
 
     async fn put_foreign(&self, key: &str, data: Foreign) {
@@ -396,21 +397,24 @@ fn lock_value_of_another() -> String {
 }
 
 /// Sets `key` to another owner's lock; returns its token.
-async fn set(server: &RedisServer, key: &str, ttl: Option<Duration>) -> String {
+async fn set(server: &RedisServer, key: &str, ttl: Duration) -> String {
     let value = lock_value_of_another();
     set_value(server, key, &value, ttl).await;
     protocol::holder_token(&value).to_owned()
 }
 
-/// Sets `key` to `value`, for `ttl` (or for good).
-async fn set_value(server: &RedisServer, key: &str, value: &str, ttl: Option<Duration>) {
+/// Sets `key` to `value`, for `ttl`.
+async fn set_value(server: &RedisServer, key: &str, value: &str, ttl: Duration) {
     let mut connection = server.connection().await;
-    let mut set = redis::cmd("SET");
-    set.arg(key).arg(value);
-    if let Some(ttl) = ttl {
-        set.arg("PX").arg(ttl.as_millis().max(1) as u64);
-    }
-    let () = set.query_async(&mut connection).await.expect("SET");
+    let millis = ttl.as_millis().max(1) as u64;
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(millis)
+        .query_async(&mut connection)
+        .await
+        .expect("SET");
 }
 
 /// `SET key hello`, or `HSET key field value`.

@@ -37,7 +37,7 @@ pub use deployment::{Cluster, Deployment, Foreign, InMemory, Redlock, Sentinel, 
 pub use fenced_storage::{applied_writes, fenced_read, fenced_write};
 pub use proxy::{Fault, FaultProxy};
 pub use sentinel::{RedisSentinel, SERVICE as SENTINEL_SERVICE};
-pub use server::RedisServer;
+pub use server::{RedisServer, ReplicaCut};
 pub use tls::{TlsCertificates, tls_server};
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the one clock a test, its worker processes and a safety

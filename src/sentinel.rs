@@ -89,6 +89,16 @@ impl RedisSentinel {
 
     /// The data node the sentinels name as master now.
     pub fn master(&self) -> &RedisServer {
+        &self.data[self.master_index()]
+    }
+
+    /// The data node that is not the master now: the replica, or a node down.
+    pub fn replica(&self) -> &RedisServer {
+        &self.data[1 - self.master_index()]
+    }
+
+    /// The index in [`data`](Self::data) of the node the sentinels name as master now.
+    fn master_index(&self) -> usize {
         let port = self
             .sentinels
             .iter()
@@ -97,7 +107,7 @@ impl RedisSentinel {
             .expect("a sentinel names a master");
         self.data
             .iter()
-            .find(|node| node.port() == port)
+            .position(|node| node.port() == port)
             .expect("the master is one of ours")
     }
 
@@ -116,12 +126,7 @@ impl RedisSentinel {
     /// Kills the master and returns at once with its index in [`data`](Self::data); see
     /// [`wait_for_failover`](Self::wait_for_failover).
     pub fn kill_master_now(&mut self) -> usize {
-        let old = self.master().port();
-        let index = self
-            .data
-            .iter()
-            .position(|node| node.port() == old)
-            .expect("ours");
+        let index = self.master_index();
         self.data[index].kill();
         index
     }
@@ -141,9 +146,38 @@ impl RedisSentinel {
                 .all(|sentinel| d.master_named_by(sentinel) == Some(new))
         });
         self.wait_until("the new master accepts writes", |d| {
-            d.data[1 - killed].command(&["SET", "lockmacro-testkit:probe", "1"])
-                == redis::Value::Okay
+            d.data[1 - killed]
+                .try_command(&["SET", "lockmacro-testkit:probe", "1"])
+                .is_ok_and(|reply| reply == redis::Value::Okay)
         });
+    }
+
+    /// A failover asked of the sentinels (`SENTINEL FAILOVER`) while the master runs: the replica
+    /// takes over at once, whatever it has, and the old master is made its replica (dropping what
+    /// it had and the replica had not). Waits until the switch is done and the old master in sync;
+    /// returns the old master's index in [`data`](Self::data).
+    ///
+    /// # Panics
+    ///
+    /// If the sentinels refuse, or the failover does not happen within 30 s.
+    pub fn fail_over(&self) -> usize {
+        let index = self.master_index();
+        let sentinel = self
+            .sentinels
+            .iter()
+            .find(|sentinel| sentinel.is_running())
+            .expect("a sentinel runs");
+        let reply = sentinel.command(&["SENTINEL", "FAILOVER", SERVICE]);
+        assert_eq!(
+            reply,
+            redis::Value::Okay,
+            "SENTINEL FAILOVER answered {reply:?}"
+        );
+        self.wait_for_failover(index);
+        self.wait_until("the old master is a replica in sync", |d| {
+            d.replica_in_sync()
+        });
+        index
     }
 
     /// Restarts the killed data node `index` (empty, as after a crash without persistence) as a
@@ -171,11 +205,14 @@ impl RedisSentinel {
         self.data
             .iter()
             .filter(|node| node.is_running() && node.port() != master)
-            .all(|node| match node.command(&["INFO", "replication"]) {
-                redis::Value::BulkString(info) => {
+            .all(|node| match node.try_command(&["INFO", "replication"]) {
+                Ok(redis::Value::BulkString(info)) => {
                     String::from_utf8_lossy(&info).contains("master_link_status:up")
                 }
-                redis::Value::VerbatimString { text, .. } => text.contains("master_link_status:up"),
+                Ok(redis::Value::VerbatimString { text, .. }) => {
+                    text.contains("master_link_status:up")
+                }
+                // A node the sentinels just reconfigured drops its clients: not in sync yet.
                 _ => false,
             })
     }

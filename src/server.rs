@@ -187,6 +187,24 @@ impl RedisServer {
         self.signal(libc::SIGCONT);
     }
 
+    /// Cuts this replica off from its `master`, as a partition between the two would: it answers
+    /// everyone else (so sentinels or the cluster may still promote it) but cannot sync, so the
+    /// writes the master takes meanwhile reach no replica. Its link is broken and its login
+    /// refused (a wrong `masterauth`) until the returned guard is dropped.
+    ///
+    /// # Panics
+    ///
+    /// If either server refuses, or the master had no replica link to cut.
+    pub fn cut_off_from(&self, master: &RedisServer) -> ReplicaCut<'_> {
+        expect_ok(self.command(&["CONFIG", "SET", "masterauth", "cut-off"]));
+        let cut = master.command(&["CLIENT", "KILL", "TYPE", "replica"]);
+        assert!(
+            matches!(cut, redis::Value::Int(1..)),
+            "the master had no replica link to cut: {cut:?}"
+        );
+        ReplicaCut { replica: self }
+    }
+
     /// Opens a redis-rs connection to the server on the caller's runtime, for assertions on what
     /// the code under test left in Redis.
     ///
@@ -211,6 +229,23 @@ impl RedisServer {
     ///
     /// If `args` is empty, or the connection fails or no reply comes within 30 s.
     pub fn command(&self, args: &[&str]) -> redis::Value {
+        self.try_command(args).unwrap_or_else(|err| {
+            panic!(
+                "`{}` on redis-server at {} failed: {err}",
+                args.join(" "),
+                self.url()
+            )
+        })
+    }
+
+    /// [`command`](Self::command) with the connection's failure returned rather than a panic,
+    /// for polls that run while the server may drop its clients (Sentinel sends `CLIENT KILL
+    /// TYPE normal` to every node it reconfigures).
+    ///
+    /// # Panics
+    ///
+    /// If `args` is empty.
+    pub fn try_command(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
         let (name, rest) = args
             .split_first()
             .expect("command needs at least a command name");
@@ -218,19 +253,10 @@ impl RedisServer {
         for arg in rest {
             command.arg(*arg);
         }
-        let attempt = || -> redis::RedisResult<redis::Value> {
-            let mut connection = self.client().get_connection_with_timeout(COMMAND_TIMEOUT)?;
-            connection.set_read_timeout(Some(COMMAND_TIMEOUT))?;
-            connection.set_write_timeout(Some(COMMAND_TIMEOUT))?;
-            connection.req_command(&command)
-        };
-        attempt().unwrap_or_else(|err| {
-            panic!(
-                "`{}` on redis-server at {} failed: {err}",
-                args.join(" "),
-                self.url()
-            )
-        })
+        let mut connection = self.client().get_connection_with_timeout(COMMAND_TIMEOUT)?;
+        connection.set_read_timeout(Some(COMMAND_TIMEOUT))?;
+        connection.set_write_timeout(Some(COMMAND_TIMEOUT))?;
+        connection.req_command(&command)
     }
 
     fn client(&self) -> redis::Client {
@@ -489,3 +515,26 @@ fn set_parent_death_signal(command: &mut Command) {
 
 #[cfg(not(target_os = "linux"))]
 fn set_parent_death_signal(_command: &mut Command) {}
+
+/// A replica cut off from its master by [`RedisServer::cut_off_from`]; dropping it lets the
+/// replica log in again.
+#[derive(Debug)]
+pub struct ReplicaCut<'a> {
+    replica: &'a RedisServer,
+}
+
+impl Drop for ReplicaCut<'_> {
+    fn drop(&mut self) {
+        if self.replica.is_running() {
+            expect_ok(self.replica.command(&["CONFIG", "SET", "masterauth", ""]));
+        }
+    }
+}
+
+/// Asserts a command of the test kit's own succeeded.
+pub(crate) fn expect_ok(reply: redis::Value) {
+    assert!(
+        matches!(reply, redis::Value::Okay | redis::Value::SimpleString(_)),
+        "expected OK, got {reply:?}"
+    );
+}

@@ -2,6 +2,10 @@
 //! replica acknowledged it (`WAIT` behind the write). With the replica frozen (`SIGSTOP`), no
 //! lock is granted and nothing stays held; with `replica_acks(0)` it is.
 //!
+//! A failover to a replica cut off from its master (`RedisServer::cut_off_from`, then a failover
+//! forced while the master runs) keeps every acknowledged lock, and the holder of one granted
+//! without acknowledgement is told it lost it.
+//!
 //! Figures worth reporting are printed with `eprintln!` (`--no-capture` shows them).
 
 mod common;
@@ -9,34 +13,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use lockmacro_runtime::{LockClient, LockError, LockOptions};
-use testkit::{RedisCluster, RedisSentinel, RedisServer};
-
-/// The data node that is not the master.
-fn replica_of(sentinel: &RedisSentinel) -> &RedisServer {
-    let master = sentinel.master().port();
-    sentinel
-        .data
-        .iter()
-        .find(|node| node.port() != master)
-        .expect("a replica")
-}
-
-/// The replica of the master of `key`.
-fn cluster_replica_of<'a>(cluster: &'a RedisCluster, key: &str) -> &'a RedisServer {
-    let master = cluster.master_of(key).port().to_string();
-    cluster
-        .nodes()
-        .iter()
-        .find(|node| {
-            match node.command(&["INFO", "replication"]) {
-                redis::Value::BulkString(info) => String::from_utf8_lossy(&info).into_owned(),
-                redis::Value::VerbatimString { text, .. } => text,
-                _ => String::new(),
-            }
-            .contains(&format!("master_port:{master}"))
-        })
-        .expect("the master has a replica")
-}
+use testkit::{RedisCluster, RedisSentinel, RedisServer, ReplicaCut};
 
 /// Unfreezes a server when dropped, so that a failing assertion leaves no process stopped.
 struct Frozen<'a>(&'a RedisServer);
@@ -52,6 +29,24 @@ impl Drop for Frozen<'_> {
     fn drop(&mut self) {
         self.0.resume();
     }
+}
+
+/// A client of `sentinel` asking `acks` replicas to acknowledge.
+async fn on_sentinel(sentinel: &RedisSentinel, acks: u32) -> LockClient {
+    LockClient::builder(&sentinel.url())
+        .replica_acks(acks)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A client of `cluster` asking `acks` replicas to acknowledge.
+async fn on_cluster(cluster: &RedisCluster, acks: u32) -> LockClient {
+    LockClient::cluster_builder(cluster.seed_urls())
+        .replica_acks(acks)
+        .build()
+        .await
+        .unwrap()
 }
 
 fn options() -> LockOptions {
@@ -115,16 +110,14 @@ async fn frozen_replica_grants_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_grants_no_lock_its_frozen_replica_did_not_acknowledge() {
     let sentinel = RedisSentinel::start();
-    let locks = LockClient::builder(&sentinel.url()).build().await.unwrap();
-    let no_acks = LockClient::builder(&sentinel.url())
-        .replica_acks(0)
-        .build()
-        .await
-        .unwrap();
+    let (locks, no_acks) = (
+        on_sentinel(&sentinel, 1).await,
+        on_sentinel(&sentinel, 0).await,
+    );
     frozen_replica_grants_nothing(
         &locks,
         &no_acks,
-        replica_of(&sentinel),
+        sentinel.replica(),
         sentinel.master(),
         "acks:sentinel",
     )
@@ -138,19 +131,11 @@ async fn cluster_grants_no_lock_its_frozen_replica_did_not_acknowledge() {
         .unwrap();
     // `{k}` keeps the multi-key lock's keys on the master whose replica is frozen.
     let key = "{acks}:cluster";
-    let locks = LockClient::cluster_builder(cluster.seed_urls())
-        .build()
-        .await
-        .unwrap();
-    let no_acks = LockClient::cluster_builder(cluster.seed_urls())
-        .replica_acks(0)
-        .build()
-        .await
-        .unwrap();
+    let (locks, no_acks) = (on_cluster(&cluster, 1).await, on_cluster(&cluster, 0).await);
     frozen_replica_grants_nothing(
         &locks,
         &no_acks,
-        cluster_replica_of(&cluster, key),
+        cluster.replica_of(key),
         cluster.master_of(key),
         key,
     )
@@ -167,7 +152,7 @@ async fn unacknowledged_renewals_do_not_keep_a_lease() {
         .build()
         .await
         .unwrap();
-    let replica = replica_of(&sentinel);
+    let replica = sentinel.replica();
     let (held, frozen) = tokio::sync::oneshot::channel();
     let run = locks.run_locked(
         "acks:renewal",
@@ -208,4 +193,207 @@ async fn one_redis_without_replicas_grants_as_before() {
             .await
             .unwrap();
     }
+}
+
+/// Three keys on one master (one hash tag, for a cluster).
+const LAGGING_KEYS: [&str; 3] = ["{lag}:held", "{lag}:refused", "{lag}:unacked"];
+
+/// A failover to a lagging replica, on clients built for the deployment: a lock granted before
+/// the replica was cut off is still held after the failover; while it is cut off a grant is
+/// refused (undone), and one granted without acknowledgement (`no_acks`) is lost, its holder
+/// told with `Lost`.
+async fn a_failover_to_a_lagging_replica_keeps_acknowledged_locks<'a>(
+    [locks, no_acks, other]: [&LockClient; 3],
+    cut_off: impl FnOnce() -> ReplicaCut<'a>,
+    fail_over: impl FnOnce(),
+) {
+    let [held, refused, unacked] = LAGGING_KEYS;
+    let long = || LockOptions::new().ttl(Duration::from_secs(30));
+    let (held_entered, held_entered_rx) = tokio::sync::oneshot::channel();
+    let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let (cut_done, cut_done_rx) = tokio::sync::oneshot::channel();
+    let (unacked_entered, unacked_entered_rx) = tokio::sync::oneshot::channel();
+    let holder = locks.run_locked(held, long(), async move {
+        held_entered.send(()).unwrap();
+        let _ = finish_rx.await;
+    });
+    // Taken only once the replica is cut off, so no replica has it.
+    let unacked_holder = async {
+        cut_done_rx.await.unwrap();
+        let body = async move {
+            unacked_entered.send(()).unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        };
+        let outcome = no_acks.run_locked(unacked, long(), body).await;
+        (outcome, Instant::now())
+    };
+    let nemesis = async {
+        held_entered_rx.await.unwrap();
+        let cut = cut_off();
+        let error = locks
+            .run_locked(refused, long(), async { panic!("the body never runs") })
+            .await
+            .expect_err("no grant while the replica is cut off");
+        assert!(
+            error.to_string().contains("no replica acknowledged"),
+            "{error:?}"
+        );
+        cut_done.send(()).unwrap();
+        unacked_entered_rx.await.unwrap();
+        tokio::task::block_in_place(fail_over);
+        let failed_over = Instant::now();
+        drop(cut);
+        let busy = other.run_locked(held, LockOptions::new(), async {}).await;
+        assert!(
+            matches!(busy, Err(LockError::Busy { .. })),
+            "the acknowledged lock survived the failover: {busy:?}"
+        );
+        finish.send(()).unwrap();
+        failed_over
+    };
+    let (held_outcome, (unacked_outcome, told), failed_over) =
+        tokio::join!(holder, unacked_holder, nemesis);
+    held_outcome.expect("the acknowledged lock held to the end");
+    assert!(
+        matches!(unacked_outcome, Err(LockError::Lost { .. })),
+        "the unacknowledged lock was lost in the failover: {unacked_outcome:?}"
+    );
+    eprintln!(
+        "the holder of the unacknowledged lock was told {:?} after the failover",
+        told.saturating_duration_since(failed_over)
+    );
+    other
+        .run_locked(unacked, LockOptions::new(), async {})
+        .await
+        .expect("the lost key is free");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_to_a_lagging_replica_keeps_acknowledged_locks() {
+    let sentinel = RedisSentinel::start();
+    let (locks, no_acks, other) = (
+        on_sentinel(&sentinel, 1).await,
+        on_sentinel(&sentinel, 0).await,
+        on_sentinel(&sentinel, 1).await,
+    );
+    a_failover_to_a_lagging_replica_keeps_acknowledged_locks(
+        [&locks, &no_acks, &other],
+        || sentinel.replica().cut_off_from(sentinel.master()),
+        || {
+            sentinel.fail_over();
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_to_a_lagging_replica_keeps_acknowledged_locks() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
+        .await
+        .unwrap();
+    let (locks, no_acks, other) = (
+        on_cluster(&cluster, 1).await,
+        on_cluster(&cluster, 0).await,
+        on_cluster(&cluster, 1).await,
+    );
+    let key = LAGGING_KEYS[0];
+    a_failover_to_a_lagging_replica_keeps_acknowledged_locks(
+        [&locks, &no_acks, &other],
+        || cluster.replica_of(key).cut_off_from(cluster.master_of(key)),
+        || {
+            cluster.take_over(key);
+        },
+    )
+    .await;
+}
+
+/// Callers writing at once on one connection share rounds of `WAIT` (one in flight at a time
+/// covers every write answered before it): each is acknowledged, a frozen replica fails them
+/// all, and callers that give up in the middle of a round (aborted while `WAIT` waits) leave no
+/// later caller waiting on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_wait_rounds_and_none_is_left_waiting() {
+    let sentinel = RedisSentinel::start();
+    let locks = on_sentinel(&sentinel, 1).await;
+    let burst = |tag: &'static str| {
+        let mut tasks = tokio::task::JoinSet::new();
+        for task in 0..16 {
+            let locks = locks.clone();
+            tasks.spawn(async move {
+                let key = format!("rounds:{tag}:{task}");
+                for _ in 0..5 {
+                    locks.run_locked(key.as_str(), options(), async {}).await?;
+                }
+                Ok::<_, LockError>(())
+            });
+        }
+        tasks
+    };
+    let all = |tasks: tokio::task::JoinSet<Result<(), LockError>>| async move {
+        tokio::time::timeout(Duration::from_secs(20), tasks.join_all())
+            .await
+            .expect("every caller answered: none waits on a round that never runs")
+    };
+    for outcome in all(burst("healthy")).await {
+        outcome.expect("acknowledged");
+    }
+    let frozen = Frozen::freeze(sentinel.replica());
+    for outcome in all(burst("frozen")).await {
+        let error = outcome.expect_err("no replica acknowledges");
+        assert!(
+            error.to_string().contains("no replica acknowledged"),
+            "{error:?}"
+        );
+    }
+    // Give up in the middle of rounds: aborted while their `WAIT`s wait on the frozen replica.
+    let mut abandoned = burst("abandoned");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    abandoned.abort_all();
+    while abandoned.join_next().await.is_some() {}
+    drop(frozen);
+    for outcome in all(burst("after")).await {
+        outcome.expect("acknowledged once the replica is back");
+    }
+}
+
+/// One count of a cluster master's replicas covers every slot it serves: locks on 64 keys in as
+/// many slots cost one `INFO` per master (and a recount each second while writes there are
+/// acknowledged), not one per slot, and each is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_masters_replicas_are_counted_once_for_all_its_slots() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
+        .await
+        .unwrap();
+    let masters = cluster.masters();
+    for master in &masters {
+        master.command(&["CONFIG", "RESETSTAT"]);
+    }
+    let locks = on_cluster(&cluster, 1).await;
+    let keys: Vec<String> = (0..64).map(|i| format!("acks:slots:{i}")).collect();
+    let slots: std::collections::HashSet<u16> =
+        keys.iter().map(|key| cluster.slot_of(key)).collect();
+    assert!(slots.len() >= 60, "the keys span {} slots", slots.len());
+    let started = Instant::now();
+    for key in &keys {
+        locks
+            .run_locked(key.as_str(), options(), async {})
+            .await
+            .unwrap();
+    }
+    let took = started.elapsed();
+    let counts: u64 = masters
+        .iter()
+        .map(|master| common::command_calls(master, "info"))
+        .sum();
+    let bound = 3 * (2 + took.as_secs());
+    eprintln!(
+        "{counts} INFO for {} keys in {} slots in {took:?}",
+        keys.len(),
+        slots.len()
+    );
+    assert!(
+        counts <= bound,
+        "{counts} INFO for {} slots in {took:?} (at most {bound})",
+        slots.len()
+    );
 }

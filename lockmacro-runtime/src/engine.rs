@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::background::Background;
 use crate::clock;
@@ -44,18 +46,29 @@ pub(crate) struct Engine {
     background: Background,
 }
 
-/// A client's shutdown: a flag that every call reads, and a token that waiters await. (Asking
-/// the token alone would take its mutex on every call, shared by every thread calling in.)
+/// A client's shutdown: a flag that every call reads, a token that waiters await, and the
+/// takes under way, which the shutdown waits for. (Asking the token alone would take its mutex
+/// on every call, shared by every thread calling in.)
 #[derive(Default)]
 struct Closing {
     closed: AtomicBool,
     token: CancellationToken,
+    takes: TaskTracker,
 }
 
 impl Closing {
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.token.cancel();
+        self.takes.close();
+    }
+
+    /// Counts a take under way until the token drops, or `None` once the shutdown began. The
+    /// count and the shutdown's mark share one atomic: either this take sees the mark, or the
+    /// shutdown sees the take and waits until it gave back what it took.
+    fn taking(&self) -> Option<TaskTrackerToken> {
+        let taking = self.takes.token();
+        (!self.takes.is_closed()).then_some(taking)
     }
 
     fn is_closed(&self) -> bool {
@@ -153,6 +166,35 @@ impl Engine {
     /// for the confirmations, for at most the shutdown timeout. A second call finds nothing to do.
     pub(crate) async fn shutdown(self: &Arc<Self>) -> Result<(), LockError> {
         self.closing.close();
+        let give_up = tokio::time::Instant::now() + self.shutdown_timeout;
+        let released = self.release_every_lease(give_up).await;
+        // A take on the wire when the shutdown began may still succeed: it gives the lock back
+        // itself (`take`), and the shutdown returns once it did.
+        let takes_ended = tokio::time::timeout_at(give_up, self.closing.takes.wait())
+            .await
+            .is_ok();
+        if !takes_ended && released.is_ok() {
+            return Err(LockError::Redis {
+                key: None,
+                source: format!(
+                    "{} acquisitions under way did not end within the shutdown timeout of {:?}; \
+                     a lock they took is released in the background and expires with its lease \
+                     at the latest",
+                    self.closing.takes.len(),
+                    self.shutdown_timeout
+                )
+                .into(),
+            });
+        }
+        released
+    }
+
+    /// Releases every lease the watchdog keeps, each sent again until it is confirmed or
+    /// `give_up` comes.
+    async fn release_every_lease(
+        self: &Arc<Self>,
+        give_up: tokio::time::Instant,
+    ) -> Result<(), LockError> {
         let rights: Vec<ReleaseRight> = self
             .renewals
             .drain()
@@ -169,9 +211,8 @@ impl Engine {
             leases = rights.len(),
             "lock client shutting down; releasing every lease"
         );
-        // Each release is sent again until it is confirmed or the shutdown timeout runs out: a
-        // Redis that stalls at shutdown and comes back within it still gets every release.
-        let give_up = tokio::time::Instant::now() + self.shutdown_timeout;
+        // A Redis that stalls at shutdown and comes back within the timeout still gets every
+        // release.
         let releases = rights.iter().map(|right| async move {
             let lease = right.lease();
             if lease.holds_on() {
@@ -179,11 +220,8 @@ impl Engine {
             }
             release_before(self.store.as_ref(), lease.lease_ref(), give_up).await
         });
-        let outcomes = tokio::time::timeout(
-            self.shutdown_timeout,
-            futures_util::future::join_all(releases),
-        )
-        .await;
+        let outcomes =
+            tokio::time::timeout_at(give_up, futures_util::future::join_all(releases)).await;
         let total = rights.len();
         let mut failed = 0;
         let mut last_error = None;

@@ -27,6 +27,7 @@ use crate::error::LostReason;
 use crate::metrics;
 use crate::options::LockKind;
 use crate::state::LeaseState;
+use crate::store::inspect::Snapshot;
 use crate::store::{LeaseRef, Renewal, Store, StoreError, protocol};
 
 pub(crate) struct RenewalQueue {
@@ -351,8 +352,11 @@ impl LeaseChecker {
                 .filter(|lease| concerned(lease))
                 .cloned()
                 .collect();
+            // A forced release may still be on its way to other servers (Redlock's masters
+            // each remove and announce it in turn): a key still ours is looked at again.
+            let forced = matches!(news, LeaseCheck::Forced(_));
             futures_util::stream::iter(leases)
-                .for_each_concurrent(CHECKS_IN_FLIGHT, |lease| check(&shared, lease))
+                .for_each_concurrent(CHECKS_IN_FLIGHT, |lease| check(&shared, lease, forced))
                 .await;
         });
     }
@@ -365,16 +369,29 @@ const CHECKS_IN_FLIGHT: usize = 16;
 /// Looks a check makes at a key before it leaves the lease to its next renewal.
 const CHECK_ATTEMPTS: u32 = 3;
 
-async fn check(shared: &Shared, lease: Arc<LeaseState>) {
+/// Whether `found` (a look at `key`) shows `lease`'s hold there.
+fn holds(found: &Option<Snapshot>, lease: &LeaseState) -> bool {
+    found.as_ref().is_some_and(|found| {
+        found
+            .holders
+            .iter()
+            .any(|(value, _)| protocol::holds(value, &lease.value))
+    })
+}
+
+/// `forced`: news of a forced release, which may reach the key a moment after the news.
+async fn check(shared: &Shared, lease: Arc<LeaseState>, forced: bool) {
     for key in lease.all_keys() {
         if lease.is_finished() || lease.is_lost() {
             return;
         }
-        // A connection back after a loss may fail its first command: look a few times.
+        // A connection back after a loss may fail its first command, and a forced release may
+        // not have reached every server yet: look a few times.
         let mut found = shared.store.inspect(key).await;
         for _ in 1..CHECK_ATTEMPTS {
-            if found.is_ok() {
-                break;
+            match &found {
+                Ok(look) if !(forced && holds(look, &lease)) => break,
+                _ => {}
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
             found = shared.store.inspect(key).await;
@@ -384,16 +401,11 @@ async fn check(shared: &Shared, lease: Arc<LeaseState>) {
         };
         // As an extension would say: another holder there is `Taken`; nothing there, or a
         // shared lock of our kind without our hold, `Gone`.
+        if holds(&found, &lease) {
+            continue;
+        }
         let reason = match found {
             None => LostReason::Gone,
-            Some(found)
-                if found
-                    .holders
-                    .iter()
-                    .any(|(value, _)| protocol::holds(value, &lease.value)) =>
-            {
-                continue;
-            }
             Some(found) if found.kind == lease.kind && lease.kind != LockKind::Exclusive => {
                 LostReason::Gone
             }

@@ -2,7 +2,12 @@
 //! injects faults on a schedule; then the checker reads the history and holds it to the
 //! promises of `testkit::safety::promises`.
 //!
-//! `safety [--quick] [--only single|sentinel|cluster|redlock3|redlock5] [--out FILE]`
+//! `safety [--quick] [--only single|sentinel|cluster|redlock3|redlock5] [--replica-acks N]
+//! [--out FILE]`
+//!
+//! `--replica-acks N` builds the workers' clients with `replica_acks(N)` instead of the default
+//! (1): `--replica-acks 0` is the baseline without replica acknowledgement, whose broken
+//! promises are reported but do not fail the run.
 //!
 //! Prints one Markdown table (one row per deployment and fault) and exits non-zero when a
 //! promise broke, a lock was left behind, or a deployment did no work at all. Each deployment's
@@ -28,7 +33,7 @@ use testkit::safety::{
 use testkit::{Fault as NetFault, FaultProxy, RedisCluster, RedisSentinel, RedisServer};
 
 /// The workers' lease (`ttl = "1s"` in `safety_worker`): every fault lasts longer.
-const TTL: Duration = Duration::from_secs(1);
+const TTL: Duration = testkit::safety::promises::WORKER_TTL;
 /// How long a fault that is held (a pause, a blackhole, servers down) lasts: past the ttl even
 /// for a lease renewed just before it began.
 const HOLD: Duration = Duration::from_secs(2);
@@ -68,7 +73,7 @@ fn plans(quick: bool) -> Vec<Plan> {
                 &[None, KillRestart, StopServer, Blackhole, PausedHolder],
             ),
             plan(Deployment::Sentinel, &[StopServer, Failover]),
-            plan(Deployment::Cluster, &[PlannedFailover]),
+            plan(Deployment::Cluster, &[PlannedFailover, LaggingFailover]),
             plan(
                 Deployment::Redlock(3),
                 &[MinorityRestart, MajorityDown, PausedHolder],
@@ -98,11 +103,18 @@ fn plans(quick: bool) -> Vec<Plan> {
         ),
         plan(
             Deployment::Sentinel,
-            &[None, StopServer, Failover, PausedHolder],
+            &[None, StopServer, Failover, LaggingFailover, PausedHolder],
         ),
         plan(
             Deployment::Cluster,
-            &[None, PlannedFailover, Failover, StopServer, PausedHolder],
+            &[
+                None,
+                PlannedFailover,
+                Failover,
+                LaggingFailover,
+                StopServer,
+                PausedHolder,
+            ],
         ),
         plan(Deployment::Redlock(3), &redlock),
         plan(Deployment::Redlock(5), &redlock),
@@ -121,6 +133,8 @@ async fn main() {
     };
     let only = value_of("--only");
     let out = value_of("--out").map(PathBuf::from);
+    let replica_acks = value_of("--replica-acks");
+    let baseline = replica_acks.as_deref() == Some("0");
     let history_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/safety");
     std::fs::create_dir_all(&history_dir).expect("cannot create target/safety");
 
@@ -138,11 +152,15 @@ async fn main() {
         }
         let started = Instant::now();
         eprintln!("==> {}: {:?}", plan.deployment, plan.faults);
-        let outcome = run(&plan, &history_dir).await;
+        let outcome = run(&plan, replica_acks.as_deref(), &history_dir).await;
         for (fault, row) in &outcome.rows {
             table.push_str(&table_row(plan.deployment, *fault, row));
             for found in broken(plan.deployment, *fault, row) {
                 match found.known {
+                    None if baseline => known.push(format!(
+                        "{} (replica acknowledgement off: the baseline)",
+                        describe(&found)
+                    )),
                     None => failures.push(describe(&found)),
                     Some(defect) => known.push(format!("{} ({defect})", describe(&found))),
                 }
@@ -169,9 +187,12 @@ async fn main() {
         );
     }
     let report = format!(
-        "{table}\n{summary}\nTotal: {:.0} s ({}).\n",
+        "{table}\n{summary}\nTotal: {:.0} s ({}{}).\n",
         began.elapsed().as_secs_f64(),
-        if quick { "--quick" } else { "full run" }
+        if quick { "--quick" } else { "full run" },
+        replica_acks
+            .map(|acks| format!(", replica_acks({acks})"))
+            .unwrap_or_default()
     );
     println!("{report}");
     if let Some(out) = out {
@@ -227,10 +248,10 @@ struct Outcome {
     left_behind: usize,
 }
 
-async fn run(plan: &Plan, history_dir: &Path) -> Outcome {
+async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Outcome {
     let resource = RedisServer::start();
     let mut lab = Lab::start(plan.deployment).await;
-    let mut workers = Workers::spawn(plan, &lab.url(), &resource.url());
+    let mut workers = Workers::spawn(plan, &lab.url(), &resource.url(), replica_acks);
     workers.wait_until_working();
 
     let mut phases = Vec::new();
@@ -238,7 +259,10 @@ async fn run(plan: &Plan, history_dir: &Path) -> Outcome {
         for fault in &plan.faults {
             let start = monotonic_ns();
             let healed = lab.inject(*fault, round, &workers).await;
-            tokio::time::sleep(SETTLE).await;
+            // At least a second past the recovery grace, so the wake-up promise is measured
+            // after every fault.
+            let grace = testkit::safety::promises::recovery_grace(plan.deployment, *fault);
+            tokio::time::sleep(SETTLE.max(grace + Duration::from_secs(1))).await;
             phases.push(Phase {
                 fault: *fault,
                 start,
@@ -371,6 +395,21 @@ impl Lab {
                 healed = Some(monotonic_ns());
                 sentinel.restart_as_replica(killed);
             }
+            (Lab::Sentinel(sentinel), Fault::LaggingFailover) => {
+                let cut = sentinel.replica().cut_off_from(sentinel.master());
+                tokio::time::sleep(HOLD).await;
+                sentinel.fail_over();
+                drop(cut);
+            }
+            (Lab::Cluster(cluster), Fault::LaggingFailover) => {
+                let key = cluster_key(round);
+                let cut = cluster
+                    .replica_of(&key)
+                    .cut_off_from(cluster.master_of(&key));
+                tokio::time::sleep(HOLD).await;
+                cluster.take_over(&key);
+                drop(cut);
+            }
             (Lab::Cluster(cluster), Fault::PlannedFailover) => {
                 cluster.fail_over(&cluster_key(round));
             }
@@ -498,7 +537,13 @@ struct Worker {
 }
 
 impl Workers {
-    fn spawn(plan: &Plan, deployment_url: &str, resource_url: &str) -> Self {
+    /// `replica_acks`: the runner's `--replica-acks`, handed on as `SAFETY_REPLICA_ACKS`.
+    fn spawn(
+        plan: &Plan,
+        deployment_url: &str,
+        resource_url: &str,
+        replica_acks: Option<&str>,
+    ) -> Self {
         let binary = std::env::current_exe()
             .expect("the runner's path")
             .with_file_name("safety_worker");
@@ -513,7 +558,11 @@ impl Workers {
             for _ in 0..plan.workers {
                 let id = procs.len().to_string();
                 let keys = if *fenced { FENCED_KEYS } else { UNFENCED_KEYS };
-                let mut child = Command::new(&binary)
+                let mut command = Command::new(&binary);
+                if let Some(acks) = replica_acks {
+                    command.env("SAFETY_REPLICA_ACKS", acks);
+                }
+                let mut child = command
                     .args([
                         id.as_str(),
                         deployment_url,

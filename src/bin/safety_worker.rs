@@ -10,6 +10,8 @@
 //! [`testkit::fenced_read`]/[`testkit::fenced_write`] fenced. It prints `begin WORKER KEY` when
 //! a body starts and one `call` line per call (see `testkit::safety::Call`).
 //!
+//! `SAFETY_REPLICA_ACKS=N` in its environment builds the client with `replica_acks(N)`.
+//!
 //! DEPLOYMENT is a `redis://` or `redis+sentinel://` URL, `cluster:URL,URL,...` (seed nodes) or
 //! `redlock:URL,URL,URL` (the masters).
 
@@ -93,6 +95,11 @@ async fn client(deployment: &str) -> LockClient {
         LockClient::redlock_builder(masters.split(','))
     } else {
         LockClient::builder(deployment)
+    };
+    // The runner's `--replica-acks N`: 0 is the baseline without replica acknowledgement.
+    let builder = match std::env::var("SAFETY_REPLICA_ACKS") {
+        Ok(acks) => builder.replica_acks(acks.parse().expect("SAFETY_REPLICA_ACKS is a number")),
+        Err(_) => builder,
     };
     // Timeouts well under the 1 s ttl, so a dead node costs a call, not the campaign's pace.
     builder

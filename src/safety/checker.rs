@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::history::{Call, Outcome, parse_fenced_value};
 use super::promises::{
-    Deployment, Fault, RECOVERY_GRACE, WAKE_UP, WAKE_UP_BOUND, known_defect, promise,
+    Deployment, Fault, WAKE_UP, WAKE_UP_BOUND, known_defect, promise, recovery_grace,
 };
 
 /// One window of the nemesis's schedule, on the monotonic clock.
@@ -46,7 +46,7 @@ pub struct Row {
     /// The same for the fenced counter, from the storage's own history.
     pub lost_fenced: usize,
     /// The longest time a key was held by nobody while a caller waited for it, in ms, outside
-    /// the fault and the [`RECOVERY_GRACE`] after it.
+    /// the fault and the [`recovery_grace`] after it.
     pub longest_free_while_waited_ms: f64,
     /// The longest time from a fault's heal (the server back, the new master serving, the
     /// traffic flowing, the holder resumed) to the next lock taken on any key, in ms.
@@ -251,15 +251,17 @@ impl Campaign<'_> {
     /// when the stretch began, and how long it was. A holder whose body ran to its end holds
     /// the key until its call returns (the release is confirmed first); one cancelled, until
     /// its body stopped (its lease was over, or about to be). While a fault is injected, and
-    /// for [`RECOVERY_GRACE`] after its heal, the deployment may not answer or its clients may
+    /// for [`recovery_grace`] after its heal, the deployment may not answer or its clients may
     /// still reconnect: that time counts as recovery, not as a key left free.
     fn free_while_waited(&self) -> Vec<(u64, u64)> {
-        let grace = RECOVERY_GRACE.as_nanos() as u64;
         let faults: Vec<(u64, u64)> = self
             .phases
             .iter()
             .filter(|phase| phase.fault != Fault::None)
-            .map(|phase| (phase.start, phase.healed + grace))
+            .map(|phase| {
+                let grace = recovery_grace(self.deployment, phase.fault).as_nanos() as u64;
+                (phase.start, phase.healed + grace)
+            })
             .collect();
         let holders = self.holders();
         let held = |call: &Call| {

@@ -35,8 +35,30 @@ use std::time::Duration;
 pub const WAKE_UP_BOUND: Duration = Duration::from_millis(300);
 
 /// How long after a fault's heal clients may take to reconnect and resubscribe before the
-/// wake-up promise applies again.
+/// wake-up promise applies again (see [`recovery_grace`]).
 pub const RECOVERY_GRACE: Duration = Duration::from_secs(1);
+
+/// The lease ttl of the campaign's workers.
+pub const WORKER_TTL: Duration = Duration::from_secs(1);
+
+/// How long after `fault`'s heal on `deployment` the wake-up promise is suspended:
+/// [`RECOVERY_GRACE`], and a lease ttl more where Redlock masters came back empty, whose takes
+/// do not count toward a new lease for a ttl (the delayed restart that keeps the leases they
+/// forgot): the key is not free for the taking then.
+pub fn recovery_grace(deployment: Deployment, fault: Fault) -> Duration {
+    let masters_back_empty = matches!(
+        fault,
+        Fault::MinorityRestart
+            | Fault::MinorityDown
+            | Fault::MajorityDown
+            | Fault::MajorityRestart
+            | Fault::BareMajorityRestart
+    );
+    match deployment {
+        Deployment::Redlock(_) if masters_back_empty => RECOVERY_GRACE + WORKER_TTL,
+        _ => RECOVERY_GRACE,
+    }
+}
 
 /// Where the locks live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +107,12 @@ pub enum Fault {
     /// `kill -9` the master of a lock key and wait for a replica to take over; restart the old
     /// master as a replica.
     Failover,
+    /// The replica of a lock key's master cut off from it (its link broken, its login refused)
+    /// while it answers everyone else, so the writes that follow reach no replica; past the ttl,
+    /// a failover forced while the master runs (`SENTINEL FAILOVER`, `CLUSTER FAILOVER
+    /// TAKEOVER`) promotes the lagging replica. Replica acknowledgement keeps every lock its
+    /// holder believes in.
+    LaggingFailover,
     /// `CLUSTER FAILOVER`: a replica takes over once it has caught up.
     PlannedFailover,
     /// Redlock: a minority of the masters killed and restarted empty at once.
@@ -112,6 +140,7 @@ impl fmt::Display for Fault {
             Fault::Delay => "200 ms delay",
             Fault::Blackhole => "blackhole > ttl",
             Fault::Failover => "kill master, failover",
+            Fault::LaggingFailover => "failover to a lagging replica",
             Fault::PlannedFailover => "CLUSTER FAILOVER",
             Fault::MinorityRestart => "minority restart empty",
             Fault::MinorityDown => "minority down > ttl",
@@ -141,6 +170,7 @@ pub fn promise(deployment: Deployment, fault: Fault) -> Promise {
         | Fault::Delay
         | Fault::Blackhole
         | Fault::PlannedFailover
+        | Fault::LaggingFailover
         | Fault::MinorityDown
         | Fault::MajorityDown => true,
         // A lease spreads to every live master soon after it is taken (and at each renewal),

@@ -45,6 +45,8 @@ macro_rules! conformance {
                 a_dead_reader_blocks_a_writer_at_most_its_ttl,
                 permits_admit_at_most_their_number,
                 a_waiting_writer_is_not_starved_by_readers,
+                a_writer_handed_the_key_keeps_no_readers_out,
+                a_writer_that_gives_up_keeps_no_readers_out,
                 a_writers_release_wakes_every_waiting_reader,
                 fair_waiters_are_served_in_arrival_order,
                 nested_kinds_reenter_or_are_refused,

@@ -162,7 +162,9 @@ pub async fn losing_one_key_loses_the_whole_lock(deployment: &impl Deployment) {
         }
     });
     running.await.unwrap();
-    let other_owner = deployment.impose("lose:2", None).await;
+    let other_owner = deployment
+        .impose("lose:2", Duration::from_secs(3_600))
+        .await;
     let outcome = tokio::time::timeout(Duration::from_secs(3), holder)
         .await
         .expect("the holder hears of the loss at its next renewal")

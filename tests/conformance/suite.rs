@@ -249,7 +249,7 @@ pub async fn lost_when_the_key_is_replaced_and_the_new_owner_keeps_it(
         }
     });
     running.await.unwrap();
-    let other_owner = deployment.impose("pay:2", None).await;
+    let other_owner = deployment.impose("pay:2", Duration::from_secs(3_600)).await;
     let outcome = tokio::time::timeout(Duration::from_secs(3), holder)
         .await
         .expect("the holder hears of the loss at its next renewal")
@@ -623,6 +623,70 @@ pub async fn a_waiting_writer_is_not_starved_by_readers(deployment: &impl Deploy
     }
 }
 
+/// Shrunk from a failure of the generated test on a Cluster (a reader slept a whole lease on a
+/// free key): two writers of one client wait on a reader, each claiming the key against new
+/// readers; the first takes it when the reader leaves and hands it to the second at its release.
+/// Once that one is done, a reader elsewhere gets in: before, a writer handed the key kept its
+/// claim until the claim lapsed a lease later.
+pub async fn a_writer_handed_the_key_keeps_no_readers_out(deployment: &impl Deployment) {
+    let key = "shelf:handed";
+    let locks = deployment.client().await;
+    let reader = locks.acquire(key, opts(30_000).read()).await.unwrap();
+    let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
+    let writer = || {
+        let (locks, entered) = (locks.clone(), entered.clone());
+        tokio::spawn(async move {
+            let (leave, left) = oneshot::channel::<()>();
+            let write = opts(30_000).write().wait(Duration::from_secs(20));
+            locks
+                .run_locked(key, write, async move {
+                    entered.send(leave).unwrap();
+                    left.await.unwrap();
+                })
+                .await
+        })
+    };
+    let first = writer();
+    waiters_become(&locks, key, 1).await;
+    let second = writer();
+    waiters_become(&locks, key, 2).await;
+    reader.release().await.unwrap();
+    // The first writer in lets go once the other is parked, offering to be handed the key.
+    let leave = entries.recv().await.unwrap();
+    parked(&locks, key, 1).await;
+    leave.send(()).unwrap();
+    entries.recv().await.unwrap().send(()).unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    let elsewhere = deployment.another_client().await;
+    elsewhere
+        .run_locked(key, opts(30_000).read(), async {})
+        .await
+        .expect("a reader elsewhere gets in: nobody holds or waits for the key");
+}
+
+/// A writer whose wait runs out while readers hold the key takes its claim against new readers
+/// with it: readers elsewhere join the ones inside at once, not a lease later.
+pub async fn a_writer_that_gives_up_keeps_no_readers_out(deployment: &impl Deployment) {
+    let key = "shelf:given-up";
+    let locks = deployment.client().await;
+    let reader = locks.acquire(key, opts(30_000).read()).await.unwrap();
+    let write = opts(30_000).write().wait(Duration::from_millis(300));
+    let gave_up = locks.run_locked(key, write, async {}).await;
+    assert!(
+        matches!(gave_up, Err(LockError::Busy { .. })),
+        "the writer gives up: {gave_up:?}"
+    );
+    // It leaves in the background: counted no more, and its claim gone in the same step.
+    waiters_become(&locks, key, 0).await;
+    let elsewhere = deployment.another_client().await;
+    elsewhere
+        .run_locked(key, opts(30_000).read(), async {})
+        .await
+        .expect("a reader elsewhere shares the key: no writer waits for it");
+    reader.release().await.unwrap();
+}
+
 /// A writer's release wakes every waiting reader, and they then hold the key together.
 pub async fn a_writers_release_wakes_every_waiting_reader(deployment: &impl Deployment) {
     let locks = deployment.client().await;
@@ -786,18 +850,21 @@ pub async fn shutdown_cancels_work_releases_leases_and_refuses_later_calls(
     });
     running.await.unwrap();
     let lease = locks.acquire("closing:2", opts(30_000)).await.unwrap();
-    let waiting = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .run_locked(
-                    "closing:2",
-                    opts(30_000).wait(Duration::from_secs(60)),
-                    async {},
-                )
-                .await
-        }
-    });
+    // Several waiters: the shutdown's release wakes each, and none may take the key again.
+    let waiting: Vec<_> = (0..8)
+        .map(|_| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                locks
+                    .run_locked(
+                        "closing:2",
+                        opts(30_000).wait(Duration::from_secs(60)),
+                        async {},
+                    )
+                    .await
+            })
+        })
+        .collect();
     deployment.waiter_subscribed("closing:2").await;
     locks.shutdown().await.expect("every release confirmed");
     // Released before `shutdown` returned.
@@ -808,11 +875,13 @@ pub async fn shutdown_cancels_work_releases_leases_and_refuses_later_calls(
         matches!(outcome, Err(LockError::ShutDown { .. })),
         "{outcome:?}"
     );
-    let outcome = waiting.await.unwrap();
-    assert!(
-        matches!(outcome, Err(LockError::ShutDown { .. })),
-        "{outcome:?}"
-    );
+    for waiting in waiting {
+        let outcome = waiting.await.unwrap();
+        assert!(
+            matches!(outcome, Err(LockError::ShutDown { .. })),
+            "{outcome:?}"
+        );
+    }
     lease
         .release()
         .await

@@ -74,10 +74,12 @@ impl Engine {
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         rt::require(Driver::Time)?;
         options.validate()?;
-        self.shut(&key)?;
+        let Some(_taking) = self.closing.taking() else {
+            return Err(LockError::ShutDown { key });
+        };
         self.background.ensure_running();
         let (lease, waited) = self.acquire_or_wait(key, options).await?;
-        if self.closing.is_closed() {
+        if self.closing.takes.is_closed() {
             // Taken while the client shut down: give it back at once.
             // Unconfirmed, the right drops: released in the background. Its work never started,
             // so a hold does not apply.

@@ -61,7 +61,11 @@ impl Engine {
     ) -> Result<Arc<LeaseState>, LockError> {
         rt::require(Driver::Time)?;
         check_many(options)?;
-        self.shut(&keys[0])?;
+        let Some(_taking) = self.closing.taking() else {
+            return Err(LockError::ShutDown {
+                key: keys[0].clone(),
+            });
+        };
         self.background.ensure_running();
         let lease = match options.wait {
             None => match self
@@ -78,7 +82,7 @@ impl Engine {
             },
             Some(wait) => Box::pin(self.wait_for_many(&keys, options, wait)).await?,
         };
-        if self.closing.is_closed() {
+        if self.closing.takes.is_closed() {
             // Taken while the client shut down: give it back at once.
             if let Some(right) = ReleaseRight::claim(&lease, self)
                 && self.store.release(lease.lease_ref()).await.is_ok()
@@ -171,6 +175,8 @@ impl Engine {
         let mut expecting: Option<Expecting> = None;
         let mut looking = Looking::Once;
         loop {
+            // A release the shutdown sent wakes a waiter too: it must not take the keys again.
+            self.shut(&keys[0])?;
             let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
             if let Looking::Waiting { starving_since } = looking {
                 stay.looks_as(&token);

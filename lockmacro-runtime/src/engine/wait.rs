@@ -168,6 +168,8 @@ impl Engine {
             keeps_place = true;
         }
         loop {
+            // A release the shutdown sent wakes a waiter too: it must not take the key again.
+            self.shut(&key)?;
             let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
             let looking = match keeps_place {
                 true => since.looking(may_reserve),

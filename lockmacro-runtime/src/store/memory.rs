@@ -813,6 +813,9 @@ impl Store for MemoryStore {
             let given_back = {
                 let mut data = self.data();
                 data.waiters_of(key, now).entries.remove(token);
+                if let Some(writers) = data.writers.get_mut(key) {
+                    writers.remove(token);
+                }
                 match data.live(key, now) {
                     Some(Held::Exclusive { value, .. }) if protocol::holds(value, token) => {
                         let value = value.clone();

@@ -372,8 +372,12 @@ impl Announcement<'_> {
 /// The holder's token in an exclusive lock's value (or a holder value, or an announcement), the
 /// marks and everything after the token left out.
 pub fn holder_token(value: &str) -> &str {
+    // Byte by byte: the three are ASCII, so no UTF-8 sequence contains them (a `char` pattern
+    // decoded each character, half a thousand instructions a Redlock cycle).
+    const ENDS: [u8; 3] = [FIELD_SEPARATOR as u8, WAITED_MARK as u8, HANDED_TO as u8];
     let end = value
-        .find([FIELD_SEPARATOR, WAITED_MARK, HANDED_TO])
+        .bytes()
+        .position(|byte| ENDS.contains(&byte))
         .unwrap_or(value.len());
     &value[..end]
 }

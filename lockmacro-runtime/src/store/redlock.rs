@@ -64,7 +64,17 @@ pub(crate) struct RedlockStore {
 /// one's late answers (each bounded by the per-master budget), so that giving back a late
 /// "taken" (by token) can never remove what the next attempt took on that master, leaving it
 /// a lease on fewer masters than it counted.
-type Settling = Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>;
+type Settling = Mutex<HashMap<Arc<str>, Arc<LateAnswers>>>;
+
+/// An attempt whose slow masters answer in the background.
+#[derive(Default)]
+struct LateAnswers {
+    /// Held until they are handled.
+    gate: Arc<tokio::sync::Mutex<()>>,
+    /// The lease was released (or handed on) meanwhile: a late "taken" is given back, not
+    /// kept with the others. A release sent before that master's take landed found nothing.
+    released: AtomicBool,
+}
 
 /// Which masters are in the hot path. A master that failed (no answer within its budget, a
 /// broken or refused connection) is kept out: callers skip it at once, as if it had failed
@@ -194,12 +204,21 @@ impl RedlockStore {
         F: Future<Output = Result<AcquiredMany, StoreError>> + Send + 'static,
     {
         let per_master = budget.min((ttl / 10).max(Duration::from_millis(10)));
-        let (n, quorum) = (self.masters.len(), self.quorum());
-        let token: Arc<str> = protocol::holder_token(attempt.as_ref().value).into();
-        let earlier = lock(&self.settling).get(&token).cloned();
+        let quorum = self.quorum();
+        let token = protocol::holder_token(attempt.as_ref().value);
+        let earlier = lock(&self.settling).get(token).cloned();
         if let Some(earlier) = earlier {
-            let _settled = earlier.lock().await;
+            let _settled = earlier.gate.lock().await;
         }
+        // A master a client found restarted within this lease's ttl may have lost a lease
+        // taken on a bare majority before: its take does not count toward this one's majority
+        // (it still takes the key, so a lease taken now is there too). The Redlock paper's
+        // delayed restart, kept by the clients.
+        let restarted: Vec<bool> = self
+            .masters
+            .iter()
+            .map(|master| master.restarted_within(ttl))
+            .collect();
         let started = Instant::now();
         let answers: Answers = Arc::default();
         let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
@@ -218,20 +237,35 @@ impl RedlockStore {
         let mut all_answered = false;
         std::future::poll_fn(|cx| {
             all_answered = pending.poll_unpin(cx).is_ready();
-            match all_answered || settled(&lock(&answers), n, quorum) {
+            match all_answered || settled(&lock(&answers), &restarted, quorum) {
                 true => Poll::Ready(()),
                 false => Poll::Pending,
             }
         })
         .await;
+        if !all_answered {
+            // A moment more for the others, as a release waits: a master whose take was still
+            // unsent when the majority decided (its connection's queue full) would otherwise
+            // get it after the caller's release, and keep the key for a whole ttl.
+            all_answered = tokio::time::timeout(Self::GRACE, &mut pending)
+                .await
+                .is_ok();
+        }
         let elapsed = started.elapsed();
         let answered = lock(&answers).clone();
         for (index, answer) in &answered {
             self.note(*index, answer);
         }
-        let taken: Vec<usize> = answered
+        // Every master that took it, and those whose take counts (see `restarted`).
+        let took = answered
             .iter()
             .filter(|(_, answer)| matches!(answer, Ok(AcquiredMany::Taken)))
+            .count();
+        let taken: Vec<usize> = answered
+            .iter()
+            .filter(|(index, answer)| {
+                matches!(answer, Ok(AcquiredMany::Taken)) && !restarted[*index]
+            })
             .map(|(index, _)| *index)
             .collect();
         let busy: Vec<(usize, BusyAnswer)> = answered
@@ -253,18 +287,20 @@ impl RedlockStore {
             // The others answer in the background: a master that takes it late holds it with
             // the others, or gives it back when it is not ours.
             let (store, seen) = (self.clone(), answered.len());
+            let token: Arc<str> = token.into();
             let attempt = attempt.clone();
-            let gate = Arc::new(tokio::sync::Mutex::new(()));
-            let settling = gate.clone().try_lock_owned().ok();
-            lock(&self.settling).insert(token.clone(), gate.clone());
+            let late_answers = Arc::new(LateAnswers::default());
+            let settling = late_answers.gate.clone().try_lock_owned().ok();
+            lock(&self.settling).insert(token.clone(), late_answers.clone());
             self.settings.background.spawn(async move {
                 pending.await;
                 let late = lock(&answers).split_off(seen);
-                store.late_answers(late, &attempt, ours).await;
+                let released = late_answers.released.load(Ordering::SeqCst);
+                store.late_answers(late, &attempt, ours, released).await;
                 let mut waiting = lock(&store.settling);
                 if waiting
                     .get(&token)
-                    .is_some_and(|now| Arc::ptr_eq(now, &gate))
+                    .is_some_and(|now| Arc::ptr_eq(now, &late_answers))
                 {
                     waiting.remove(&token);
                 }
@@ -277,13 +313,13 @@ impl RedlockStore {
             return Ok(AcquiredMany::Taken);
         }
         let busy: Vec<BusyAnswer> = busy.into_iter().map(|(_, answer)| answer).collect();
-        if !taken.is_empty() && !busy.is_empty() {
+        if took > 0 && !busy.is_empty() {
             // Split with another attempt: some masters ours, others busy, no majority ours.
             metrics::redlock_split();
         }
         // Not ours: undone where it was taken, before answering (the caller may look again
         // with the same token). A master whose answer was lost undoes it itself.
-        if !taken.is_empty() {
+        if took > 0 {
             self.release_everywhere(&attempt).await;
         }
         if let Some(not_a_lock) = answered.iter().find_map(|(_, answer)| match answer {
@@ -311,7 +347,7 @@ impl RedlockStore {
             };
             let mut remaining = majority_view(|(_, left, _)| *left);
             let estimate = majority_view(|(.., estimate)| *estimate);
-            if !taken.is_empty() {
+            if took > 0 {
                 // We took some masters: others may be racing us for the rest, and their keys go
                 // as ours did. Look again soon (the Redlock paper's random retry), not after
                 // leases that are being undone.
@@ -329,9 +365,10 @@ impl RedlockStore {
                 "a majority took the lock only after {elapsed:?}, past the lease's validity"
             )));
         }
-        if taken.len() + busy.len() >= quorum {
-            // A majority answered, split between us and another holder or racer: neither has
-            // the lock for sure, and the racers' attempts are being undone as ours was. Look
+        if took + busy.len() >= quorum {
+            // A majority answered, split between us and another holder or racer (or taken on
+            // masters restarted too lately to count): neither has the lock for sure, and the
+            // racers' attempts are being undone as ours was. Look
             // again soon (jittered, so the racers spread out), inside the caller's wait; a
             // caller that fails fast is told to come back as soon.
             let key = busy.iter().map(|(key, ..)| *key).min().unwrap_or(0);
@@ -350,19 +387,20 @@ impl RedlockStore {
 
     /// Answers that came after the attempt was decided (`ours`: taken). A master that took it
     /// late holds it with the others when it is ours (the lease spreads), and gives it back
-    /// when not; a busy master keeps no reservation of a caller that holds the lock. A master
+    /// when not, or when the lease was `released` meanwhile; a busy master keeps no reservation of a caller that holds the lock. A master
     /// that did not answer is out of the path until it does (its lost request undoes itself).
     async fn late_answers(
         &self,
         late: Vec<(usize, Result<AcquiredMany, StoreError>)>,
         attempt: &OwnedLease,
         ours: bool,
+        released: bool,
     ) {
         let mut busy = Vec::new();
         for (index, answer) in late {
             self.note(index, &answer);
             match answer {
-                Ok(AcquiredMany::Taken) if !ours => {
+                Ok(AcquiredMany::Taken) if !ours || released => {
                     if let Err(error) = self.masters[index].release(undone(attempt)).await {
                         tracing::debug!(error = %error, "a late Redlock take could not be undone; it expires with its lease");
                     }
@@ -417,20 +455,26 @@ impl RedlockStore {
     }
 }
 
-/// Whether the answers so far decide an attempt over `n` masters, whatever the others answer:
+/// Whether the answers so far decide an attempt over the masters (`restarted`: whose take does
+/// not count), whatever the others answer:
 /// taken on a majority; or out of reach of a majority, with a majority answered (busy, or
 /// split between us and others) or out of reach of one.
-fn settled(answers: &[(usize, Result<AcquiredMany, StoreError>)], n: usize, quorum: usize) -> bool {
+fn settled(
+    answers: &[(usize, Result<AcquiredMany, StoreError>)],
+    restarted: &[bool],
+    quorum: usize,
+) -> bool {
     let count = |taken: bool| {
         answers
             .iter()
-            .filter(|(_, answer)| match answer {
-                Ok(AcquiredMany::Taken) => taken,
+            .filter(|(index, answer)| match answer {
+                Ok(AcquiredMany::Taken) => taken && !restarted[*index],
                 Ok(AcquiredMany::Busy { .. }) => !taken,
                 Err(_) => false,
             })
             .count()
     };
+    let n = restarted.len();
     let (taken, busy, pending) = (count(true), count(false), n - answers.len());
     taken >= quorum
         || (taken + pending < quorum && (taken + busy >= quorum || taken + busy + pending < quorum))
@@ -708,6 +752,7 @@ impl Store for RedlockStore {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            self.ends(lease.value);
             let quorum = self.quorum();
             // One command for every master (they share the quorum's settings), shared with a
             // slow master's release that finishes in the background.
@@ -919,6 +964,17 @@ impl Store for RedlockStore {
 }
 
 impl RedlockStore {
+    /// The lease whose value is `value` ends (a release, a hand-over): a take of it that a slow
+    /// master has not answered yet is given back when it lands, not kept.
+    fn ends(&self, value: &str) {
+        let settling = lock(&self.settling);
+        if !settling.is_empty()
+            && let Some(late) = settling.get(protocol::holder_token(value))
+        {
+            late.released.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Sends `call` to every master from this task, so that each request is on its master's
     /// connection before anything this caller sends next (a release then reaches every master
     /// ahead of the caller's next acquire); returns the answers once `decided` says they settle
@@ -983,6 +1039,7 @@ impl HandsOver for RedlockStore {
         next: LeaseRef<'a>,
     ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
         Box::pin(async move {
+            self.ends(lease.value);
             let (n, quorum) = (self.masters.len(), self.quorum());
             let (ours, theirs) = (OwnedLease::of(lease), OwnedLease::of(next));
             let answers = self

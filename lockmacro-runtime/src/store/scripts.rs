@@ -400,23 +400,31 @@ pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) ->
 
 /// The hand-over script: `lease`'s key passes to `next` (same key), unless a caller elsewhere
 /// waited too long and reserved it; then it passes to that caller, announced on `channel`.
-/// `waiters` names the callers waiting for the key, `next` among them.
+/// `[waiters, writers]` name the callers waiting for the key, `next` among them, and the writers
+/// among them that keep new readers out (`next` takes its claim off as it takes the key).
 pub(crate) fn hand_over(
     lease: LeaseRef<'_>,
     next: LeaseRef<'_>,
     channel: &str,
-    waiters: &str,
+    [waiters, writers]: &[String; 2],
     announce: Announce,
 ) -> redis::Cmd {
     let mut cmd = evalsha(
         &HAND_OVER,
-        3,
-        7,
-        lease.key.len() + lease.value.len() + next.value.len() + channel.len() + waiters.len() + 27,
+        4,
+        8,
+        lease.key.len()
+            + lease.value.len()
+            + next.value.len()
+            + channel.len()
+            + waiters.len()
+            + writers.len()
+            + 27,
     );
     cmd.arg(lease.key)
         .arg(channel)
         .arg(waiters)
+        .arg(writers)
         .arg(lease.value)
         .arg(next.value)
         .arg(millis(next.ttl));
@@ -424,21 +432,26 @@ pub(crate) fn hand_over(
     cmd
 }
 
-/// The leave script: the waiter of `token` on `key` leaves without the lock (see leave.lua).
+/// The leave script: the waiter of `token` on `key` leaves without the lock (see leave.lua);
+/// `[waiters, writers]` as for [`hand_over`].
 pub(crate) fn leave(
     key: &str,
     channel: &str,
-    waiters: &str,
+    [waiters, writers]: &[String; 2],
     token: &str,
     announce: Announce,
 ) -> redis::Cmd {
     let mut cmd = evalsha(
         &LEAVE,
-        3,
-        5,
-        key.len() + channel.len() + waiters.len() + token.len() + 8,
+        4,
+        6,
+        key.len() + channel.len() + waiters.len() + writers.len() + token.len() + 8,
     );
-    cmd.arg(key).arg(channel).arg(waiters).arg(token);
+    cmd.arg(key)
+        .arg(channel)
+        .arg(waiters)
+        .arg(writers)
+        .arg(token);
     cmd.arg(match announce {
         Announce::Publish => "",
         Announce::ShardedPublish => "sharded",

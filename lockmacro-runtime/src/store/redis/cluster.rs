@@ -9,7 +9,8 @@
 //! - a renewal tick sends one script call per slot, all at once: redis-rs writes those of one node
 //!   on that node's connection together, so a tick costs about one round trip per master;
 //! - releases are announced on sharded channels (`SPUBLISH`, Redis 7), heard through `SSUBSCRIBE`
-//!   on the node that owns the slot, and resubscribed by redis-rs after a failover or reshard; a
+//!   on the node that owns the slot; a node that gives the slot up (a failover, a reshard)
+//!   unsubscribes us, and the subscription is opened again where the slot went; a
 //!   hand-over to a waiter of the same client counts other clients' waiters there too
 //!   (`PUBSUB SHARDNUMSUB`);
 //! - a script unknown to one node (`NOSCRIPT` from a promoted replica) is loaded on that node
@@ -17,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,9 +31,10 @@ use redis::{FromRedisValue, ProtocolVersion, PushKind, RedisError, Value};
 use tokio::sync::mpsc;
 
 use super::connections::PerRuntime;
+use super::replicas::Replication;
 use super::{Layout, RedisStore, Request, SendError, Transport, bounded, unanswered};
 use crate::health::{Health, NodeHealth, NodeRole};
-use crate::store::protocol::Names;
+use crate::store::protocol::{self, Names};
 use crate::store::scripts;
 use crate::store::{BoxFuture, ReleaseFeed, Released, Settings, StoreError, TimedOut, Unreachable};
 
@@ -169,16 +172,36 @@ impl Transport for Cluster {
             .map_err(|err| SendError::Unknown(StoreError::unavailable(err)))
     }
 
+    /// `INFO replication` and `CLUSTER SLOTS` of `key`'s master in one request: the count
+    /// covers every slot that master serves. A master that refuses `CLUSTER SLOTS` (an ACL) is
+    /// counted for `key`'s slot alone.
     async fn replication(
         &self,
         connection: &mut ClusterConnection,
         key: &str,
-    ) -> Result<String, SendError> {
-        let info = redis::cmd("INFO").arg("replication").clone();
+    ) -> Result<Replication, SendError> {
+        let mut both = redis::pipe();
+        both.cmd("INFO").arg("replication");
+        both.cmd("CLUSTER").arg("SLOTS");
+        let node = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
         let budget = self.settings.response_timeout;
-        let info = within(budget, connection.route_command(info, master_of(key)));
-        redis::from_redis_value(info.await?)
-            .map_err(|err| SendError::Unknown(StoreError::unavailable(err)))
+        let replies = match within(budget, connection.route_pipeline(both, 0, 2, node)).await {
+            Err(SendError::Answered(_)) => {
+                // One of the two refused: `INFO` alone.
+                let info = redis::cmd("INFO").arg("replication").clone();
+                let info = within(budget, connection.route_command(info, master_of(key))).await?;
+                vec![info]
+            }
+            replies => replies?,
+        };
+        let mut replies = replies.into_iter();
+        let (info, slots) = (replies.next(), replies.next());
+        let info = redis::from_redis_value(info.unwrap_or(Value::Nil))
+            .map_err(|err| SendError::Answered(err.into()))?;
+        let served = slots.map_or_else(Vec::new, |slots| {
+            served_with(&slots, protocol::slot_number(key))
+        });
+        Ok(Replication { info, served })
     }
 
     /// Loads the scripts on the node that owns `key` alone (a promoted replica, say).
@@ -218,6 +241,7 @@ impl Transport for Cluster {
                 pushes: received,
                 names: self.settings.names.clone(),
                 watched: HashMap::new(),
+                unwatching: HashMap::new(),
                 response_timeout: self.settings.response_timeout,
             }) as Box<dyn ReleaseFeed>)
         })
@@ -366,6 +390,37 @@ fn within<T>(
     })
 }
 
+/// The slot ranges a `CLUSTER SLOTS` reply gives to the master of `slot` (none when the reply
+/// is an error or does not name it).
+fn served_with(slots: &Value, slot: u16) -> Vec<RangeInclusive<u16>> {
+    let Value::Array(entries) = slots else {
+        return Vec::new();
+    };
+    let number = |value: Option<&Value>| match value {
+        Some(Value::Int(n)) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    // Each entry: first slot, last slot, the master (address, port, id, …), its replicas.
+    let ranges: Vec<(RangeInclusive<u16>, &Value)> = entries
+        .iter()
+        .filter_map(|entry| {
+            let Value::Array(fields) = entry else {
+                return None;
+            };
+            let range = number(fields.first())?..=number(fields.get(1))?;
+            Some((range, fields.get(2)?))
+        })
+        .collect();
+    let Some((_, master)) = ranges.iter().find(|(range, _)| range.contains(&slot)) else {
+        return Vec::new();
+    };
+    ranges
+        .iter()
+        .filter(|(_, serving)| serving == master)
+        .map(|(range, _)| range.clone())
+        .collect()
+}
+
 /// The master of `key`'s slot.
 fn master_of(key: &str) -> RoutingInfo {
     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
@@ -389,7 +444,24 @@ struct ShardedFeed {
     /// Channel → key, for the keys watched: a channel name alone cannot always tell its key
     /// (`a` and `{a}` share one).
     watched: HashMap<String, String>,
+    /// Channel → unsubscribes we asked for whose confirmation is still to come: any other
+    /// `sunsubscribe` is the node's.
+    unwatching: HashMap<String, usize>,
     response_timeout: Duration,
+}
+
+impl ShardedFeed {
+    /// Whether a `sunsubscribe` of `channel` confirms one we asked for (and counts it).
+    fn asked_to_unsubscribe(&mut self, channel: &str) -> bool {
+        let Some(pending) = self.unwatching.get_mut(channel) else {
+            return false;
+        };
+        *pending -= 1;
+        if *pending == 0 {
+            self.unwatching.remove(channel);
+        }
+        true
+    }
 }
 
 impl ReleaseFeed for ShardedFeed {
@@ -406,6 +478,7 @@ impl ReleaseFeed for ShardedFeed {
         Box::pin(async move {
             let channel = self.names.release_channel_in_slot(key)?;
             self.watched.remove(&channel);
+            *self.unwatching.entry(channel.clone()).or_default() += 1;
             bounded(
                 self.response_timeout,
                 self.connection.sunsubscribe(&channel),
@@ -432,15 +505,24 @@ impl ReleaseFeed for ShardedFeed {
         Box::pin(async move {
             loop {
                 let push = self.pushes.recv().await?;
-                if push.kind != PushKind::SMessage {
-                    continue;
-                }
                 let Some(Value::BulkString(channel)) = push.data.first() else {
                     continue;
                 };
-                let key = std::str::from_utf8(channel)
-                    .ok()
-                    .and_then(|channel| self.watched.get(channel));
+                let channel = String::from_utf8_lossy(channel);
+                if push.kind == PushKind::SUnsubscribe && self.asked_to_unsubscribe(&channel) {
+                    continue;
+                }
+                let key = self.watched.get(channel.as_ref());
+                if push.kind == PushKind::SUnsubscribe && key.is_some() {
+                    // Not asked for: the node gave the slot up (a failover, a reshard), and
+                    // what is announced there now goes by unheard. Ending the feed reopens it
+                    // on the slot's new owner; its waiters look again and the leases held are
+                    // checked, as after any lost subscription.
+                    return None;
+                }
+                if push.kind != PushKind::SMessage {
+                    continue;
+                }
                 if let Some(key) = key {
                     let message = match push.data.get(1) {
                         Some(Value::BulkString(message)) => {

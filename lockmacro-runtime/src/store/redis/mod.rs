@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis::cluster_routing::Slot;
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
 use super::inspect::{self, Commands, Cursor, Page, Snapshot};
@@ -25,7 +24,7 @@ use super::{
 };
 use crate::error::{LockError, LostReason};
 use crate::health::Health;
-use replicas::{Needed, NotAcknowledged, Replicas};
+use replicas::{Needed, NotAcknowledged, Replicas, Replication, Turn};
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
@@ -78,12 +77,20 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
         timeout: Duration,
     ) -> impl Future<Output = Result<u32, SendError>> + Send;
 
-    /// `INFO replication` of the server that holds `key`.
+    /// The id of `connection` when every caller of a runtime shares it (one server), so that
+    /// one `WAIT` can answer for all their writes on it ([`Replicas::lead`]).
+    fn shared(connection: &Self::Connection) -> Option<u64> {
+        let _ = connection;
+        None
+    }
+
+    /// `INFO replication` of the server that holds `key` (on a cluster, with the slots it
+    /// serves).
     fn replication(
         &self,
         connection: &mut Self::Connection,
         key: &str,
-    ) -> impl Future<Output = Result<String, SendError>> + Send;
+    ) -> impl Future<Output = Result<Replication, SendError>> + Send;
 
     /// Loads every script on the server that holds `key`, after it answered `NOSCRIPT`.
     fn load_scripts(
@@ -133,12 +140,22 @@ impl Layout {
         }
     }
 
-    /// The hash of the callers waiting for `key`.
-    fn waiters(self, names: &Names, key: &str) -> Result<String, LockError> {
+    /// A name beside `key` (`name` spells it for a key), placed in `key`'s slot on a cluster.
+    fn beside(self, key: &str, name: impl Fn(&str) -> String) -> Result<String, LockError> {
         match self {
-            Self::Server => Ok(names.waiters(key)),
-            Self::Cluster => Names::in_slot(key, names.waiters("")),
+            Self::Server => Ok(name(key)),
+            Self::Cluster => Names::in_slot(key, name("")),
         }
+    }
+
+    /// Where a waiter's stay on `key` is kept, for the scripts that end it (leave.lua,
+    /// hand_over.lua): the callers waiting for the key, and the writers among them that keep
+    /// new readers out.
+    fn waiting(self, names: &Names, key: &str) -> Result<[String; 2], LockError> {
+        Ok([
+            self.beside(key, |key| names.waiters(key))?,
+            self.beside(key, |key| names.writers(key))?,
+        ])
     }
 
     /// The channel releases of `key` are announced on.
@@ -165,13 +182,21 @@ impl Layout {
         }
     }
 
-    /// Which renewal batch `key` goes in: one per server that may hold it.
-    fn batch(self, key: &str) -> Option<Slot> {
+    /// `key`'s slot on a cluster: the renewal batch it goes in (a script's keys share a slot),
+    /// and whose master's replicas count for it.
+    fn slot(self, key: &str) -> Option<u16> {
         match self {
             Self::Server => None,
-            Self::Cluster => Some(Slot::for_key(key)),
+            Self::Cluster => Some(protocol::slot_number(key)),
         }
     }
+}
+
+/// The value of an `INFO` reply's `name` line (`name` ends with its colon).
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(name))
+        .filter(|value| !value.is_empty())
 }
 
 /// A command or a pipeline.
@@ -330,24 +355,47 @@ impl<T: Transport> RedisStore<T> {
         connection: &mut T::Connection,
         key: &str,
     ) -> Result<Option<u32>, StoreError> {
-        let (needed, stale) = self.replicas.needed();
+        let needed = self.needed(key);
+        self.acks_for(connection, key, needed).await
+    }
+
+    /// What a write of `key` needs of its replicas as far as known now, starting a count that
+    /// is due in the background.
+    fn needed(&self, key: &str) -> Needed {
+        let (needed, stale) = self.replicas.needed(T::LAYOUT.slot(key));
         if stale {
-            let store = self.clone();
-            let key = key.to_owned();
-            self.settings().background.spawn(async move {
-                match store.transport.connection().await {
-                    Ok(mut connection) => {
-                        let _ = store.count_replicas(&mut connection, &key).await;
-                    }
-                    Err(_) => store.replicas.count_failed(),
-                }
-            });
+            self.count_in_background(key);
         }
+        needed
+    }
+
+    /// The acks a write of `key` waits for (`None`: no `WAIT`), given what it `needed`: replicas
+    /// never counted are counted first, on `connection`.
+    async fn acks_for(
+        &self,
+        connection: &mut T::Connection,
+        key: &str,
+        needed: Needed,
+    ) -> Result<Option<u32>, StoreError> {
         Ok(match needed {
             Needed::Nothing => None,
             Needed::Acks(acks) => Some(acks),
             Needed::Count => Some(self.count_replicas(connection, key).await?).filter(|&n| n > 0),
         })
+    }
+
+    /// Counts the replicas of `key`'s master in the background (a count marked under way).
+    fn count_in_background(&self, key: &str) {
+        let store = self.clone();
+        let key = key.to_owned();
+        self.settings().background.spawn(async move {
+            match store.transport.connection().await {
+                Ok(mut connection) => {
+                    let _ = store.count_replicas(&mut connection, &key).await;
+                }
+                Err(_) => store.replicas.count_failed(),
+            }
+        });
     }
 
     /// Counts the replicas of `key`'s master: the acks a write needs now. A server that refuses
@@ -358,10 +406,14 @@ impl<T: Transport> RedisStore<T> {
         key: &str,
     ) -> Result<u32, StoreError> {
         match self.transport.replication(connection, key).await {
-            Ok(info) => Ok(self.replicas.counted(&info)),
+            Ok(replication) => Ok(self.replicas.counted(T::LAYOUT.slot(key), &replication)),
             Err(SendError::Answered(err)) => {
                 tracing::warn!(error = %err, "cannot count the master's replicas (`INFO replication` refused): no replica acknowledgement");
-                Ok(self.replicas.counted(""))
+                let refused = Replication {
+                    info: String::new(),
+                    served: Vec::new(),
+                };
+                Ok(self.replicas.counted(T::LAYOUT.slot(key), &refused))
             }
             Err(SendError::Unknown(error)) => {
                 self.replicas.count_failed();
@@ -387,14 +439,38 @@ impl<T: Transport> RedisStore<T> {
         };
         let wait = self.replicas.wait_cmd(acks);
         let timeout = self.replicas.timeout;
-        match T::LAYOUT {
-            Layout::Server => {
+        match (T::LAYOUT, T::shared(waiting)) {
+            (Layout::Server, Some(shared)) if !self.replicas.lead(shared) => {
+                // A `WAIT` is in flight on this connection: the next round covers this write
+                // once it is answered.
+                let reply = write.await;
+                if !reply.as_ref().is_ok_and(took) {
+                    return (reply, None);
+                }
+                let acked = match self.replicas.follow(shared, acks) {
+                    Turn::Lead => {
+                        let _round = RoundLeader::new(self, waiting, shared);
+                        self.transport
+                            .wait_replicas(waiting, key, &wait, timeout)
+                            .await
+                    }
+                    Turn::Follow(answered) => match answered.await {
+                        Ok(acked) => acked.map_err(SendError::Unknown),
+                        Err(_) => Err(SendError::Unknown(StoreError::unavailable(
+                            "the replica acknowledgement round ended unanswered",
+                        ))),
+                    },
+                };
+                (reply, Some(acked))
+            }
+            (Layout::Server, shared) => {
+                let _round = shared.map(|shared| RoundLeader::new(self, waiting, shared));
                 let waited = self.transport.wait_replicas(waiting, key, &wait, timeout);
                 let (reply, acked) = futures_util::join!(write, waited);
                 let took = reply.as_ref().is_ok_and(took);
                 (reply, took.then_some(acked))
             }
-            Layout::Cluster => {
+            (Layout::Cluster, _) => {
                 let reply = write.await;
                 if !reply.as_ref().is_ok_and(took) {
                     return (reply, None);
@@ -420,6 +496,9 @@ impl<T: Transport> RedisStore<T> {
             Err(sent) => (0, format!(" (no answer: {})", sent.into_store_error())),
         };
         if acked >= needed {
+            if self.replicas.confirmed(T::LAYOUT.slot(key)) {
+                self.count_in_background(key);
+            }
             return Ok(());
         }
         if cause.is_empty()
@@ -534,10 +613,55 @@ impl<T: Transport> RedisStore<T> {
             armed: true,
             abandoned: request.lease(),
         };
-        let acks = self.acks_needed(&mut undo.connection, request.key).await?;
+        // The uncontended case first: a plain `SET` no replica must acknowledge, in a small
+        // future. The rest (replicas to count or wait for, the acquire script) is boxed: inline
+        // it made every acquire's future 2.3 KB, set up and moved on each call.
+        let needed = self.needed(request.key);
+        if needed == Needed::Nothing && request.is_plain() {
+            match self
+                .set_nx(&mut undo.connection, &request, cmd, budget)
+                .await
+            {
+                Ok(true) => {
+                    undo.disarm();
+                    return Ok(TAKEN);
+                }
+                // Busy: the acquire script tells what holds it.
+                Ok(false) => {
+                    let busy =
+                        Box::pin(self.acquire_fully(undo, request, cmd, budget, needed, true));
+                    return busy.await;
+                }
+                Err(SendError::Answered(err)) => {
+                    undo.disarm();
+                    return Err(SendError::Answered(err).into_store_error());
+                }
+                Err(SendError::Unknown(error)) => return Err(error),
+            }
+        }
+        Box::pin(self.acquire_fully(undo, request, cmd, budget, needed, false)).await
+    }
+
+    /// [`acquire_with`](Self::acquire_with) beyond the uncontended case: replicas to count or to
+    /// acknowledge, the acquire script (at once when a plain `SET` already `found_busy`).
+    async fn acquire_fully<'a>(
+        &'a self,
+        mut undo: UndoGuard<'a, T>,
+        request: AcquireRequest<'a>,
+        cmd: &redis::Cmd,
+        budget: Duration,
+        needed: Needed,
+        found_busy: bool,
+    ) -> Result<Acquired, StoreError> {
+        let acks = self
+            .acks_for(&mut undo.connection, request.key, needed)
+            .await?;
         let mut waiting = undo.connection.clone();
         let connection = &mut undo.connection;
         let first = async {
+            if found_busy {
+                return Ok(None);
+            }
             match request.is_plain() {
                 true => self
                     .set_nx(connection, &request, cmd, budget)
@@ -765,7 +889,7 @@ impl<T: Transport> RedisStore<T> {
             let keys: Vec<&str> = group.iter().map(|&i| request.keys[i].as_str()).collect();
             let waiters = keys
                 .iter()
-                .map(|key| T::LAYOUT.waiters(names, key))
+                .map(|key| T::LAYOUT.beside(key, |key| names.waiters(key)))
                 .collect::<Result<Vec<_>, _>>()?;
             let cmd = scripts::acquire_many(&keys, &waiters, &request, whole);
             let left = budget
@@ -912,10 +1036,11 @@ impl<T: Transport> Store for RedisStore<T> {
                 Ok(connection) => connection,
                 Err(error) => return vec![Renewal::Failed(error); leases.len()],
             };
-            // One batch per server, all at once: about one round trip per server a tick.
-            let mut batches: HashMap<Option<Slot>, Vec<usize>> = HashMap::new();
+            // One batch per server (per slot on a cluster), all at once: about one round trip
+            // per server a tick.
+            let mut batches: HashMap<Option<u16>, Vec<usize>> = HashMap::new();
             for (index, lease) in leases.iter().enumerate() {
-                let batch = batches.entry(T::LAYOUT.batch(lease.key));
+                let batch = batches.entry(T::LAYOUT.slot(lease.key));
                 batch.or_default().push(index);
             }
             let batches = batches.values().map(|indexes| {
@@ -968,8 +1093,8 @@ impl<T: Transport> Store for RedisStore<T> {
         Box::pin(async move {
             let names = &self.settings().names;
             let channel = T::LAYOUT.release_channel(names, key)?;
-            let waiters = T::LAYOUT.waiters(names, key)?;
-            let cmd = scripts::leave(key, &channel, &waiters, token, T::LAYOUT.announce());
+            let waiting = T::LAYOUT.waiting(names, key)?;
+            let cmd = scripts::leave(key, &channel, &waiting, token, T::LAYOUT.announce());
             self.run_script(key, &cmd).await.map(drop)
         })
     }
@@ -1030,12 +1155,70 @@ impl<T: Transport> Store for RedisStore<T> {
                 }
                 // The master's replicas are counted now, so the first lock pays no `INFO` (a
                 // count the acquire waited for was not bounded by its lease).
-                if self.replicas.needed().0 == Needed::Count {
+                if self.replicas.needed(None).0 == Needed::Count {
                     self.count_replicas(&mut connection, "").await?;
                 }
             }
             Ok(())
         })
+    }
+}
+
+/// The leader of a round of `WAIT` on a shared connection. When its `WAIT` is answered, or
+/// it is dropped before (its caller gave up), the rounds that gathered meanwhile run in the
+/// background until none gathers, so no follower is left waiting.
+struct RoundLeader<T: Transport> {
+    store: RedisStore<T>,
+    connection: T::Connection,
+    shared: u64,
+}
+
+impl<T: Transport> RoundLeader<T> {
+    fn new(store: &RedisStore<T>, connection: &T::Connection, shared: u64) -> Self {
+        Self {
+            store: store.clone(),
+            connection: connection.clone(),
+            shared,
+        }
+    }
+}
+
+impl<T: Transport> Drop for RoundLeader<T> {
+    fn drop(&mut self) {
+        let (store, shared) = (&self.store, self.shared);
+        let Some(mut round) = store.replicas.next_round(shared) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to run it on: the followers hear that, and no round stays open.
+            for answer in round.1 {
+                let _ = answer.send(Err(StoreError::unavailable(
+                    "no runtime to wait for replicas on",
+                )));
+            }
+            store.replicas.end_rounds(shared);
+            return;
+        };
+        let (store, mut connection) = (store.clone(), self.connection.clone());
+        runtime.spawn(async move {
+            loop {
+                let (acks, answers) = round;
+                let wait = store.replicas.wait_cmd(acks);
+                let timeout = store.replicas.timeout;
+                let acked = store
+                    .transport
+                    .wait_replicas(&mut connection, "", &wait, timeout)
+                    .await
+                    .map_err(SendError::into_store_error);
+                for answer in answers {
+                    let _ = answer.send(acked.clone());
+                }
+                match store.replicas.next_round(shared) {
+                    Some(next) => round = next,
+                    None => return,
+                }
+            }
+        });
     }
 }
 
@@ -1084,8 +1267,8 @@ impl<T: Transport> HandsOver for RedisStore<T> {
         Box::pin(async move {
             let names = &self.settings().names;
             let channel = T::LAYOUT.release_channel(names, lease.key)?;
-            let waiters = T::LAYOUT.waiters(names, lease.key)?;
-            let cmd = scripts::hand_over(lease, next, &channel, &waiters, T::LAYOUT.announce());
+            let waiting = T::LAYOUT.waiting(names, lease.key)?;
+            let cmd = scripts::hand_over(lease, next, &channel, &waiting, T::LAYOUT.announce());
             Ok(HandOver::from_reply(
                 self.run_script(lease.key, &cmd).await?,
             ))

@@ -2,23 +2,41 @@
 //! `WAIT` says enough replicas have it, so that a failover to a replica keeps every lock its
 //! holder believes in.
 //!
-//! How many replicas a write needs is counted from the master's `INFO replication` (replicas
-//! `online` whose last acknowledgement is at most [`SILENT_AFTER`] old): at the first write,
-//! again when `WAIT` answers fewer than needed, and every [`SILENT_AFTER`] while fewer than
-//! asked are counted. So one Redis without replicas sends no `WAIT`, a frozen replica fails
-//! grants (each undone) until it has been silent for [`SILENT_AFTER`], and a replica lost for
-//! longer no longer holds locks up: they are granted with what is left.
+//! How many replicas a write needs is counted per shard (the one server, or the slots one
+//! cluster master serves) from its master's `INFO replication`: replicas `online` whose last
+//! acknowledgement is at most [`SILENT_AFTER`] old. On a cluster the same request asks the
+//! master which slots it serves (`CLUSTER SLOTS`), so one count covers them all: a key in a slot
+//! not seen yet costs no `INFO` when its master was counted. A shard is counted at its first write, again when `WAIT` answers short,
+//! and at most every [`RECOUNT`] in the background while fewer than asked are counted (a replica
+//! back, or one a failover brought, counts soon) or while writes there are acknowledged (so a
+//! master a failover put in place is known before it loses a replica).
+//!
+//! So one Redis without replicas sends no `WAIT`. A frozen replica, or one whose link to the
+//! master broke, fails grants (each undone) until [`SILENT_AFTER`] has passed since a write there
+//! was last acknowledged: it may be promoted yet, without the writes it missed. A replica lost for
+//! longer no longer holds locks up. A failover starts afresh: the new master (a new
+//! `master_replid`) is taken at its count.
+//!
+//! On one server the writes share rounds of `WAIT` ([`Replicas::lead`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
+use super::info_field as field;
 use crate::clock::{self, nanos};
+use crate::store::StoreError;
 
 /// A replica whose last acknowledgement is older than this no longer counts: the master lost it.
 pub(crate) const SILENT_AFTER: Duration = Duration::from_secs(5);
 
-/// Replicas not counted yet.
-const UNKNOWN: u32 = u32::MAX;
+/// How often a shard is counted again: while fewer replicas than asked were counted, or while
+/// writes there are acknowledged (so its master's `master_replid` stays known).
+const RECOUNT: Duration = Duration::from_secs(1);
 
 /// How many replicas a write needs on one store.
 pub(crate) struct Replicas {
@@ -26,12 +44,96 @@ pub(crate) struct Replicas {
     wanted: u32,
     /// How long `WAIT` waits.
     pub(crate) timeout: Duration,
-    /// `wanted`, or fewer when fewer replicas were counted; [`UNKNOWN`] before the first count.
-    required: AtomicU32,
-    /// When the last count was made (nanos on [`crate::clock`]).
-    counted_at: AtomicU64,
     /// A count in the background is under way.
     counting: AtomicBool,
+    /// What is known of each shard's master; a shard not in it is counted at its first write.
+    shards: Mutex<Shards>,
+    /// Per shared connection (one server): the `WAIT` in flight on it, and the writes answered
+    /// meanwhile that the next one will cover.
+    rounds: Mutex<HashMap<u64, Round>>,
+}
+
+/// Group commit on one connection. `WAIT` answers for every write its connection sent before
+/// it, so one in flight at a time serves every grant and renewal whose write was answered
+/// meanwhile: one `WAIT` blocks the shared connection per round, not one per write.
+#[derive(Default)]
+struct Round {
+    /// Those waiting for the next `WAIT`: the acks each needs, and where to answer.
+    next: Vec<(u32, Acked)>,
+}
+
+/// Where a round's answer goes: `WAIT`'s count, or why it has none.
+pub(crate) type Acked = oneshot::Sender<Result<u32, StoreError>>;
+
+/// A write's part in its connection's rounds.
+pub(crate) enum Turn {
+    /// No `WAIT` is in flight there: send one now (it covers this write) and then run the
+    /// rounds that gathered meanwhile ([`Replicas::next_round`]).
+    Lead,
+    /// One is in flight: the next round answers here.
+    Follow(oneshot::Receiver<Result<u32, StoreError>>),
+}
+
+/// A master's `INFO replication`, and on a cluster the slots it serves (its own `CLUSTER
+/// SLOTS`; none on one server, or when it refused to say).
+pub(crate) struct Replication {
+    pub(crate) info: String,
+    pub(crate) served: Vec<RangeInclusive<u16>>,
+}
+
+/// The shards counted. A shard is named by a slot: `None` on one server; on a cluster the first
+/// slot its master serves (or the key's own slot, until its master is counted).
+#[derive(Default)]
+struct Shards {
+    known: HashMap<Option<u16>, Shard>,
+    /// Cluster: the slot ranges of the masters counted, by first slot: their last slot and the
+    /// shard they belong to.
+    ranges: BTreeMap<u16, (u16, u16)>,
+}
+
+impl Shards {
+    /// The shard of a key in `slot`.
+    fn of(&self, slot: Option<u16>) -> Option<u16> {
+        let slot = slot?;
+        match self.ranges.range(..=slot).next_back() {
+            Some((_, &(last, shard))) if slot <= last => Some(shard),
+            _ => Some(slot),
+        }
+    }
+
+    /// `served`, the slots of the master that answered for `slot`, form one shard now (a
+    /// range it no longer serves in part is forgotten, its slots counted again at their next
+    /// write); the shard's name.
+    fn regroup(&mut self, slot: Option<u16>, served: &[RangeInclusive<u16>]) -> Option<u16> {
+        let Some(first) = served.iter().map(|range| *range.start()).min() else {
+            return slot;
+        };
+        for range in served {
+            let overlapping: Vec<u16> = self
+                .ranges
+                .range(..=*range.end())
+                .filter(|(_, (last, _))| last >= range.start())
+                .map(|(start, _)| *start)
+                .collect();
+            for start in overlapping {
+                self.ranges.remove(&start);
+            }
+            self.ranges.insert(*range.start(), (*range.end(), first));
+        }
+        Some(first)
+    }
+}
+
+/// What is known of one shard's master.
+struct Shard {
+    /// Its `master_replid`: a failover changes it.
+    replid: String,
+    /// What a write there needs now: the most replicas it was counted with lately (fewer only
+    /// once they have been gone for [`SILENT_AFTER`]).
+    replicas: u32,
+    /// When it had `replicas`: counted so, or a write there acknowledged since.
+    seen_at: u64,
+    counted_at: u64,
 }
 
 /// What a write needs now.
@@ -50,43 +152,161 @@ impl Replicas {
         Self {
             wanted,
             timeout: timeout.max(Duration::from_millis(1)),
-            required: AtomicU32::new(if wanted == 0 { 0 } else { UNKNOWN }),
-            counted_at: AtomicU64::new(0),
             counting: AtomicBool::new(false),
+            shards: Mutex::new(Shards::default()),
+            rounds: Mutex::new(HashMap::new()),
         }
     }
 
-    /// What a write needs now, and whether a count is due in the background (fewer replicas
-    /// than asked were counted a while ago: one may have come back, or a failover brought more).
-    pub(crate) fn needed(&self) -> (Needed, bool) {
+    fn shards(&self) -> std::sync::MutexGuard<'_, Shards> {
+        self.shards
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// What a write on `shard` needs now, and whether a count is due in the background (fewer
+    /// replicas than asked were counted a while ago: one may have come back, or a failover
+    /// brought more).
+    pub(crate) fn needed(&self, slot: Option<u16>) -> (Needed, bool) {
         if self.wanted == 0 {
             return (Needed::Nothing, false);
         }
-        let required = self.required.load(Ordering::Acquire);
+        let Some((required, counted_at)) = ({
+            let shards = self.shards();
+            let known = shards.known.get(&shards.of(slot));
+            known.map(|known| (known.replicas, known.counted_at))
+        }) else {
+            return (Needed::Count, false);
+        };
         let needed = match required {
-            UNKNOWN => return (Needed::Count, false),
             0 => Needed::Nothing,
             n => Needed::Acks(n),
         };
         let stale = required < self.wanted
-            && clock::now().saturating_sub(self.counted_at.load(Ordering::Acquire))
-                > nanos(SILENT_AFTER)
+            && clock::now().saturating_sub(counted_at) > nanos(RECOUNT)
             && !self.counting.swap(true, Ordering::AcqRel);
         (needed, stale)
     }
 
-    /// Records a count of `info` (`INFO replication`): the acks a write needs now.
-    pub(crate) fn counted(&self, info: &str) -> u32 {
-        let required = self.wanted.min(live_replicas(info));
-        self.required.store(required, Ordering::Release);
-        self.counted_at.store(clock::now(), Ordering::Release);
+    /// Records a count of `replication` on the master of `slot`: the acks a write there needs
+    /// now.
+    pub(crate) fn counted(&self, slot: Option<u16>, replication: &Replication) -> u32 {
+        let info = &replication.info;
+        if field(info, "role:").is_some_and(|role| role != "master") {
+            // A replica answered: the client's map of the cluster is behind a failover. That is
+            // no count; what was known stands (or all that was asked for, until counted).
+            self.counting.store(false, Ordering::Release);
+            let shards = self.shards();
+            return shards
+                .known
+                .get(&shards.of(slot))
+                .map_or(self.wanted, |known| known.replicas);
+        }
+        let live = self.wanted.min(live_replicas(info));
+        let replid = field(info, "master_replid:").unwrap_or_default();
+        let shard = self.shards().regroup(slot, &replication.served);
+        let required = self.remembered(shard, replid, live, clock::now());
         self.counting.store(false, Ordering::Release);
         required
+    }
+
+    /// `live` replicas counted on `shard`'s master `replid` at `now`, or more when that same
+    /// master had more within [`SILENT_AFTER`]; a new master (a failover) is taken at its count.
+    fn remembered(&self, shard: Option<u16>, replid: &str, live: u32, now: u64) -> u32 {
+        let mut shards = self.shards();
+        if let Some(known) = shards.known.get_mut(&shard)
+            && known.replid == replid
+            && live < known.replicas
+            && now.saturating_sub(known.seen_at) <= nanos(SILENT_AFTER)
+        {
+            known.counted_at = now;
+            return known.replicas;
+        }
+        shards.known.insert(
+            shard,
+            Shard {
+                replid: replid.to_owned(),
+                replicas: live,
+                seen_at: now,
+                counted_at: now,
+            },
+        );
+        live
+    }
+
+    /// A write on `shard` was acknowledged: its master's replicas were there just now. Whether
+    /// to count them again in the background: the master may have changed (a failover that
+    /// kept up), and a replica it loses later keeps counting only if that master was counted.
+    pub(crate) fn confirmed(&self, slot: Option<u16>) -> bool {
+        let now = clock::now();
+        let mut shards = self.shards();
+        let shard = shards.of(slot);
+        let due = match shards.known.get_mut(&shard) {
+            Some(known) => {
+                known.seen_at = now;
+                now.saturating_sub(known.counted_at) > nanos(RECOUNT)
+            }
+            None => true,
+        };
+        due && !self.counting.swap(true, Ordering::AcqRel)
     }
 
     /// A count that could not be made: try again at the next write.
     pub(crate) fn count_failed(&self) {
         self.counting.store(false, Ordering::Release);
+    }
+
+    fn rounds(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Round>> {
+        self.rounds
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Before a write on `connection` is sent: whether it leads a round (none is in flight
+    /// there), pipelining its `WAIT` behind the write. Otherwise it follows, once answered.
+    pub(crate) fn lead(&self, connection: u64) -> bool {
+        let mut rounds = self.rounds();
+        if rounds.contains_key(&connection) {
+            return false;
+        }
+        rounds.insert(connection, Round::default());
+        true
+    }
+
+    /// After a write on `connection` that needs `acks` was answered: follow the round in flight
+    /// (its next `WAIT` covers the write), or lead one if it ended meanwhile.
+    pub(crate) fn follow(&self, connection: u64, acks: u32) -> Turn {
+        let mut rounds = self.rounds();
+        match rounds.get_mut(&connection) {
+            None => {
+                rounds.insert(connection, Round::default());
+                Turn::Lead
+            }
+            Some(round) => {
+                let (answer, answered) = oneshot::channel();
+                round.next.push((acks, answer));
+                Turn::Follow(answered)
+            }
+        }
+    }
+
+    /// A round on `connection` is over: those who gathered for the next one, with the most
+    /// acks any of them needs, or `None` (no `WAIT` is in flight there any more).
+    pub(crate) fn next_round(&self, connection: u64) -> Option<(u32, Vec<Acked>)> {
+        let mut rounds = self.rounds();
+        let round = rounds.get_mut(&connection)?;
+        if round.next.is_empty() {
+            rounds.remove(&connection);
+            return None;
+        }
+        let next = std::mem::take(&mut round.next);
+        let acks = next.iter().map(|(acks, _)| *acks).max().unwrap_or(1);
+        Some((acks, next.into_iter().map(|(_, answer)| answer).collect()))
+    }
+
+    /// Ends `connection`'s rounds, answered or not.
+    pub(crate) fn end_rounds(&self, connection: u64) {
+        self.rounds().remove(&connection);
     }
 
     /// The `WAIT` for `acks` replicas.
@@ -101,7 +321,7 @@ impl Replicas {
 /// The replicas `INFO replication` shows `online` and heard from within [`SILENT_AFTER`]; none
 /// when the server is no master.
 fn live_replicas(info: &str) -> u32 {
-    if !info.lines().any(|line| line.trim() == "role:master") {
+    if field(info, "role:") != Some("master") {
         return 0;
     }
     let live = info
@@ -111,12 +331,12 @@ fn live_replicas(info: &str) -> u32 {
                 .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
         })
         .filter(|line| {
-            let field = |name: &str| {
+            let entry = |name: &str| {
                 line.split([':', ','])
                     .find_map(|part| part.trim().strip_prefix(name))
             };
-            field("state=") == Some("online")
-                && field("lag=")
+            entry("state=") == Some("online")
+                && entry("lag=")
                     .and_then(|lag| lag.parse::<u64>().ok())
                     .is_some_and(|lag| lag <= SILENT_AFTER.as_secs())
         })
@@ -144,7 +364,10 @@ pub(crate) struct NotAcknowledged {
 
 #[cfg(test)]
 mod tests {
-    use super::live_replicas;
+    use std::time::Duration;
+
+    use super::{Needed, Replicas, Replication, SILENT_AFTER, live_replicas};
+    use crate::clock::nanos;
 
     #[test]
     fn counts_online_replicas_heard_from_lately() {
@@ -156,5 +379,67 @@ mod tests {
         assert_eq!(live_replicas(info), 1);
         assert_eq!(live_replicas("role:slave\r\nmaster_host:x\r\n"), 0);
         assert_eq!(live_replicas("role:master\r\nconnected_slaves:0\r\n"), 0);
+    }
+
+    #[test]
+    fn a_replica_that_went_missing_counts_until_silent_long_enough() {
+        let replicas = Replicas::new(1, Duration::from_millis(500));
+        let silent = nanos(SILENT_AFTER);
+        assert_eq!(replicas.remembered(None, "a", 1, 10), 1);
+        // The link broke: the master lists no replica, but it may be promoted yet.
+        assert_eq!(replicas.remembered(None, "a", 0, 10 + silent), 1);
+        assert_eq!(replicas.remembered(None, "a", 0, 11 + silent), 0);
+        // A failover: the new master is taken at its count at once.
+        assert_eq!(replicas.remembered(None, "a", 1, 12 + silent), 1);
+        assert_eq!(replicas.remembered(None, "b", 0, 13 + silent), 0);
+    }
+
+    #[test]
+    fn a_replica_answering_for_its_master_is_no_count() {
+        let replicas = Replicas::new(1, Duration::from_millis(500));
+        let master = "role:master\r\nmaster_replid:a\r\n\
+                      slave0:ip=127.0.0.1,port=7001,state=online,offset=10,lag=0\r\n";
+        assert_eq!(replicas.counted(None, &on_a_server(master)), 1);
+        let replica = on_a_server("role:slave\r\nmaster_replid:a\r\n");
+        assert_eq!(replicas.counted(None, &replica), 1);
+        let fresh = Replicas::new(1, Duration::from_millis(500));
+        assert_eq!(fresh.counted(None, &replica), 1);
+    }
+
+    #[test]
+    fn one_count_covers_every_slot_its_master_serves() {
+        let replicas = Replicas::new(1, Duration::from_millis(500));
+        assert_eq!(replicas.needed(Some(7)).0, Needed::Count);
+        let served = Replication {
+            info: "role:master\r\nmaster_replid:a\r\n\
+                   slave0:ip=127.0.0.1,port=7001,state=online,offset=10,lag=0\r\n"
+                .to_owned(),
+            served: vec![0..=5460, 10923..=10930],
+        };
+        assert_eq!(replicas.counted(Some(7), &served), 1);
+        for slot in [0, 7, 5460, 10923, 10930] {
+            assert_eq!(replicas.needed(Some(slot)).0, Needed::Acks(1), "{slot}");
+        }
+        for slot in [5461, 10922, 10931] {
+            assert_eq!(replicas.needed(Some(slot)).0, Needed::Count, "{slot}");
+        }
+        // A master without replicas took some of those slots over: only they change.
+        let other = Replication {
+            info: "role:master\r\nmaster_replid:b\r\n".to_owned(),
+            served: vec![5000..=5461],
+        };
+        assert_eq!(replicas.counted(Some(5461), &other), 0);
+        assert_eq!(replicas.needed(Some(5000)).0, Needed::Nothing);
+        assert_eq!(replicas.needed(Some(5461)).0, Needed::Nothing);
+        assert_eq!(replicas.needed(Some(10925)).0, Needed::Acks(1));
+        // The rest of the range the first master lost is counted again.
+        assert_eq!(replicas.needed(Some(7)).0, Needed::Count);
+    }
+
+    fn on_a_server(info: &str) -> Replication {
+        Replication {
+            info: info.to_owned(),
+            served: Vec::new(),
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! One multiplexed connection per tokio runtime, reopened when it proves broken; a `READONLY`
 //! reply (a failover demoted the server) drops them all and asks the sentinels again.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -12,9 +13,10 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
 
 use super::connections::{Lent, PerRuntime};
+use super::replicas::Replication;
 use super::sentinel::SentinelSource;
 use super::{RedisStore, Request, SendError, Transport, feed, unanswered};
-use crate::clock::Backoff;
+use crate::clock::{self, Backoff};
 use crate::error::LockError;
 use crate::health::{Health, NodeHealth, NodeRole};
 use crate::store::scripts;
@@ -59,6 +61,11 @@ pub(crate) struct Server {
     config: AsyncConnectionConfig,
     settings: Settings,
     connections: PerRuntime<MultiplexedConnection>,
+    /// The server process last connected to (`INFO server`'s `run_id`), and when a connection
+    /// found another (nanos on [`crate::clock`], 0: never): a restart, which may have lost
+    /// every key.
+    run: Mutex<Option<String>>,
+    restarted_at: AtomicU64,
 }
 
 impl RedisStore<Server> {
@@ -73,6 +80,8 @@ impl RedisStore<Server> {
             config,
             connections: PerRuntime::new(),
             settings,
+            run: Mutex::new(None),
+            restarted_at: AtomicU64::new(0),
         });
         if let Source::Sentinel(sentinel) = &server.source {
             follow_switches(&server, sentinel.service().to_owned());
@@ -160,6 +169,13 @@ impl RedisStore<Server> {
             .map_err(SendError::into_store_error)
     }
 
+    /// Whether a connection found this server restarted within the last `span` (see
+    /// [`Server::connected_to`]).
+    pub(crate) fn restarted_within(&self, span: Duration) -> bool {
+        let at = self.transport.restarted_at.load(Ordering::Acquire);
+        at != 0 && clock::now().saturating_sub(at) < clock::nanos(span)
+    }
+
     /// A probe heard this server answer: callers on every runtime may connect again at once.
     pub(crate) fn answers_again(&self) {
         self.transport.connections.retry_now();
@@ -172,6 +188,23 @@ impl RedisStore<Server> {
 }
 
 impl Server {
+    /// Notes the process a new connection reached (`info`: `INFO server`).
+    fn connected_to(&self, server: &str, info: &str) {
+        let Some(run_id) = super::info_field(info, "run_id:") else {
+            return;
+        };
+        let mut run = self
+            .run
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if run.as_deref().is_some_and(|known| known != run_id) {
+            self.restarted_at
+                .store(clock::now().max(1), Ordering::Release);
+            tracing::info!(server, "a server restarted: it may have lost its keys");
+        }
+        *run = Some(run_id.to_owned());
+    }
+
     /// This server as [`Health`] shows it: the time a `PING` took on its connection (opened
     /// first when there is none, which is not timed), all bounded by the connect and response
     /// timeouts. On Sentinel, the master the sentinels name now.
@@ -257,6 +290,14 @@ impl Transport for Server {
                         .get_multiplexed_async_connection_with_config(&self.config)
                         .await?;
                     scripts::load_all().exec_async(&mut connection).await?;
+                    // Refused (an ACL): no restart is ever seen, as before.
+                    let info: Result<String, _> = redis::cmd("INFO")
+                        .arg("server")
+                        .query_async(&mut connection)
+                        .await;
+                    if let Ok(info) = info {
+                        self.connected_to(&server, &info);
+                    }
                     Ok::<_, RedisError>(connection)
                 };
                 match tokio::time::timeout(budget, open).await {
@@ -315,15 +356,24 @@ impl Transport for Server {
         }
     }
 
+    fn shared(lent: &Self::Connection) -> Option<u64> {
+        // `u64::MAX`: lent for one call, shared by no one.
+        (lent.generation != u64::MAX).then_some(lent.generation)
+    }
+
     async fn replication(
         &self,
         lent: &mut Self::Connection,
         _key: &str,
-    ) -> Result<String, SendError> {
+    ) -> Result<Replication, SendError> {
         let mut info = redis::cmd("INFO");
         info.arg("replication");
         let budget = self.settings.response_timeout;
-        self.send_once(lent, Request::Cmd(&info), budget).await
+        let info = self.send_once(lent, Request::Cmd(&info), budget).await?;
+        Ok(Replication {
+            info,
+            served: Vec::new(),
+        })
     }
 
     /// One server holds every key.

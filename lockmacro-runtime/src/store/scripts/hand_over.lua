@@ -8,9 +8,10 @@
 -- watch sees every holder.
 -- KEYS[1] = lock key; KEYS[2] = the release channel, and the name of its watch mark (a key
 -- here, so that a cluster refuses a channel outside the key's slot); KEYS[3] = the callers
--- waiting for the key (see values.lua); ARGV[1] = our value; ARGV[2] = the next holder's
--- value; ARGV[3] = its ttl in ms; ARGV[4] = 'sharded' for a cluster's sharded channel
--- (SPUBLISH), absent otherwise (PUBLISH).
+-- waiting for the key (see values.lua); KEYS[4] = the writers waiting for its readers to leave
+-- (see acquire.lua); ARGV[1] = our value; ARGV[2] = the next holder's value; ARGV[3] = its ttl
+-- in ms; ARGV[4] = 'sharded' for a cluster's sharded channel (SPUBLISH), absent otherwise
+-- (PUBLISH).
 -- Returns 1 when handed over, 3 when handed to a caller elsewhere that was owed it, 0 when the
 -- key was not ours (nothing changed).
 local key, ours = KEYS[1], ARGV[1]
@@ -46,6 +47,9 @@ elseif found[2] then
   next_value = next_value .. '+'
 end
 redis.call('SET', key, next_value, 'PX', ARGV[3])
--- The next holder waited: it is served (see values.lua).
+-- The next holder waited: it is served (see values.lua), and a claim it made against new readers
+-- while readers held the key goes, as when it takes the key itself (else they would find the
+-- key busy once it is free, until the claim lapsed a lease later).
 served(KEYS[3], next_token, nil)
+redis.call('ZREM', KEYS[4], next_token)
 return 1
