@@ -4,11 +4,9 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{assert_clean, fast_client, opts};
+use common::{Log, assert_clean, fast_client, opts};
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, MAX_KEY_LEN, protocol};
 use redis::AsyncCommands;
 use testkit::{FaultProxy, RedisServer};
@@ -281,36 +279,6 @@ async fn negative_db_index_is_a_config_error() {
 // Secrets
 // ---------------------------------------------------------------------------------------------
 
-/// Everything any `tracing` event writes in this process, at every level, from every thread
-/// (the watchdog's included).
-fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = logs.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || SharedBuf(sink.clone()))
-            .try_init()
-            .expect("no other global subscriber in this test binary");
-        logs
-    })
-    .clone()
-}
-
-struct SharedBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedBuf {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// `{e}`, `{e:?}` and every `source()` below it.
 fn everything_shown(err: &LockError) -> String {
     let mut shown = format!("{err} | {err:?}");
@@ -332,7 +300,7 @@ async fn password_never_appears_in_debug_display_errors_or_tracing() {
     // Percent-encoded in the URL: neither spelling may show.
     const ENCODED: &str = "Enc%40Pw-5b2d";
     const DECODED: &str = "Enc@Pw-5b2d";
-    let logs = captured_logs();
+    let logs = Log::everywhere();
     let mut server = RedisServer::start();
     for (user, password) in [("locker", SECRET), ("encoded", DECODED)] {
         server.command(&[
@@ -417,11 +385,11 @@ async fn password_never_appears_in_debug_display_errors_or_tracing() {
     common::eventually(
         Duration::from_secs(3),
         "background release gave up",
-        || async { String::from_utf8_lossy(&logs.lock().unwrap()).contains("gave up") },
+        || async { logs.count("gave up") > 0 },
     )
     .await;
 
-    let logged = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let logged = logs.text();
     assert!(
         logged.contains("secret:1"),
         "tracing captured the lock events"

@@ -457,6 +457,24 @@ impl Log {
         (log, tracing::subscriber::set_default(subscriber))
     }
 
+    /// Captures every event of this process at every level, from every thread (a client's own
+    /// watchdog thread included), from the first call on. One per test binary: events of tests
+    /// running beside it in the same process land here too, so look for ones that name a key.
+    pub fn everywhere() -> Self {
+        static LOG: std::sync::OnceLock<Log> = std::sync::OnceLock::new();
+        LOG.get_or_init(|| {
+            let log = Self::default();
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::TRACE)
+                .with_ansi(false)
+                .with_writer(log.clone())
+                .try_init()
+                .expect("no other global subscriber in this test binary");
+            log
+        })
+        .clone()
+    }
+
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.text.lock().unwrap()).into_owned()
     }
@@ -478,7 +496,12 @@ impl Log {
         };
         tokio::time::timeout(Duration::from_secs(5), logged)
             .await
-            .unwrap_or_else(|_| panic!("not logged within 5 s: {needle}"));
+            .unwrap_or_else(|_| {
+                let text = self.text();
+                let lines: Vec<&str> = text.lines().collect();
+                let last = lines[lines.len().saturating_sub(40)..].join("\n");
+                panic!("not logged within 5 s: {needle}\nthe last lines logged:\n{last}")
+            });
     }
 }
 
