@@ -3,7 +3,7 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,6 +30,10 @@ pub enum Fault {
     /// connection that lived through a blackhole may be out of step with the server after
     /// [`FaultProxy::heal`]; new connections are clean.
     Blackhole,
+    /// [`Blackhole`](Self::Blackhole) on the connections that have sent a `SUBSCRIBE` or an
+    /// `UNSUBSCRIBE` (a client's release subscription), [`Pass`](Self::Pass) on the others: the
+    /// subscription is cut off while the client's commands go through.
+    BlackholeSubscribers,
 }
 
 /// A TCP proxy from a free loopback port to an upstream address, whose behaviour tests switch at
@@ -193,10 +197,21 @@ async fn serve(
     let was_reset = {
         let (from_client, to_client) = client.split();
         let (from_server, to_server) = server.split();
+        let subscriber = AtomicBool::new(false);
         let forward = async {
             tokio::try_join!(
-                pump(from_client, to_server, Direction::ToServer, fault.clone()),
-                pump(from_server, to_client, Direction::ToClient, fault),
+                pump(
+                    (from_client, to_server),
+                    Direction::ToServer,
+                    fault.clone(),
+                    &subscriber
+                ),
+                pump(
+                    (from_server, to_client),
+                    Direction::ToClient,
+                    fault,
+                    &subscriber
+                ),
             )
         };
         tokio::select! {
@@ -213,12 +228,12 @@ async fn serve(
 }
 
 /// Copies one direction until end of stream, then passes the end on (a half close), applying the
-/// current fault to each chunk.
+/// current fault to each chunk. `subscriber` is set once the client sent a (un)subscribe.
 async fn pump(
-    mut from: impl AsyncReadExt + Unpin,
-    mut to: impl AsyncWriteExt + Unpin,
+    (mut from, mut to): (impl AsyncReadExt + Unpin, impl AsyncWriteExt + Unpin),
     direction: Direction,
     fault: watch::Receiver<Fault>,
+    subscriber: &AtomicBool,
 ) -> io::Result<()> {
     // Reading and writing run apart so a delay holds back each chunk by the same amount without
     // holding back the reading of the next one.
@@ -230,11 +245,15 @@ async fn pump(
             if n == 0 {
                 return Ok::<_, io::Error>(());
             }
+            if direction == Direction::ToServer && subscribes(&buf[..n]) {
+                subscriber.store(true, Ordering::SeqCst);
+            }
             let due = match *fault.borrow() {
                 Fault::Pass => Instant::now(),
                 Fault::Delay(delay) => Instant::now() + delay,
                 Fault::DropReplies if direction == Direction::ToServer => Instant::now(),
-                Fault::DropReplies | Fault::Blackhole => continue,
+                Fault::BlackholeSubscribers if !subscriber.load(Ordering::SeqCst) => Instant::now(),
+                Fault::DropReplies | Fault::Blackhole | Fault::BlackholeSubscribers => continue,
             };
             // The writer only stops on an error, which ends this connection anyway.
             let _ = queue.send((due, buf[..n].to_vec()));
@@ -248,4 +267,11 @@ async fn pump(
         to.shutdown().await
     };
     tokio::try_join!(read, write).map(|_| ())
+}
+
+/// Whether a chunk a client sent holds a `SUBSCRIBE` or `UNSUBSCRIBE` (sharded or by pattern too).
+fn subscribes(chunk: &[u8]) -> bool {
+    chunk
+        .windows(b"SUBSCRIBE".len())
+        .any(|word| word.eq_ignore_ascii_case(b"SUBSCRIBE"))
 }

@@ -6,10 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Log, eventually, get, opts, waiter_subscribed};
+use common::{Log, eventually, get, listeners_in, opts, waiter_subscribed};
 use lockmacro_runtime::{LockClient, protocol};
 use redis::AsyncCommands;
-use testkit::RedisServer;
+use testkit::{Fault, FaultProxy, RedisServer};
 use tokio::time::Instant;
 
 /// What the client logs when the `UNSUBSCRIBE` of waiter A's key got no answer (`waiters.rs`).
@@ -197,18 +197,19 @@ async fn next_look(server: &RedisServer, key: &str) -> Instant {
     Instant::now()
 }
 
-/// When unsubscribing fails (Redis stalled while one waiter leaves), the subscription is
-/// reopened for every other waited-for key: a waiter on another key still hears its release.
+/// When unsubscribing fails (no answer while one waiter leaves), the subscription is reopened
+/// for every other waited-for key: a waiter on another key still hears its release.
 ///
-/// Redis is resumed the moment the client logs that the unsubscribe failed. The failure wakes
-/// the other waiter to look (a release may have gone by unheard); that look must meet a Redis
-/// that answers, or it ends the waiter's call with `LockError::Redis`, as any look at a
-/// stalled Redis does.
+/// Only the subscription's connection is cut off (a proxy swallows what it carries), while
+/// the client's commands go through: the failure wakes the other waiter to look (a release may
+/// have gone by unheard), and a look at a Redis that does not answer would end its call with
+/// `LockError::Redis`, as DESIGN asks, leaving no waiter to test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_unsubscribe_leaves_no_other_waiter_deaf() {
     let log = Log::everywhere();
     let server = RedisServer::start();
-    let locks = LockClient::builder(&server.url())
+    let proxy = FaultProxy::start(server.addr()).await;
+    let locks = LockClient::builder(&proxy.url())
         .scan_interval(Duration::from_millis(100))
         .response_timeout(Duration::from_millis(300))
         .build()
@@ -217,39 +218,34 @@ async fn a_failed_unsubscribe_leaves_no_other_waiter_deaf() {
     let long = opts(30_000).unlimited_renewals();
     let holder_a = locks.acquire("unsub:a", long).await.unwrap();
     let holder_b = locks.acquire("unsub:b", long).await.unwrap();
-    let waiter_b = tokio::spawn({
+    let waiter = |key: &'static str| {
         let locks = locks.clone();
-        async move {
+        tokio::spawn(async move {
             locks
-                .run_locked(
-                    "unsub:b",
-                    opts(5_000).wait(Duration::from_secs(20)),
-                    async { Instant::now() },
-                )
+                .run_locked(key, opts(5_000).wait(Duration::from_secs(20)), async {
+                    Instant::now()
+                })
                 .await
-        }
-    });
-    let waiter_a = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .run_locked(
-                    "unsub:a",
-                    opts(5_000).wait(Duration::from_secs(20)),
-                    async {},
-                )
-                .await
-        }
-    });
+        })
+    };
+    let (waiter_a, waiter_b) = (waiter("unsub:a"), waiter("unsub:b"));
     waiter_subscribed(&server, "unsub:a").await;
     waiter_subscribed(&server, "unsub:b").await;
-    // Stalled while waiter A leaves (its call is dropped): its UNSUBSCRIBE gets no answer.
-    server.pause();
+    // Waiter A leaves (its call is dropped) while the subscription hears nothing: its
+    // UNSUBSCRIBE gets no answer.
+    proxy.set(Fault::BlackholeSubscribers);
     waiter_a.abort();
     assert!(waiter_a.await.unwrap_err().is_cancelled());
     log.seen(UNSUBSCRIBE_FAILED).await;
-    server.resume();
-    // The subscription is back for B (reopened after the failure).
+    // The failed subscription is closed; none can be opened until the proxy heals.
+    eventually(
+        Duration::from_secs(5),
+        "the failed subscription closed",
+        || async { listeners_in(&server, "lockmacro", "unsub:b").await == 0 },
+    )
+    .await;
+    proxy.heal();
+    // The subscription is back for B (reopened after the failure), and B still waits.
     waiter_subscribed(&server, "unsub:b").await;
     assert!(!waiter_b.is_finished(), "waiter B still waits");
     let released_at = Instant::now();

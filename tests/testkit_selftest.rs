@@ -1,5 +1,6 @@
 //! The test kit does what the behaviour tests rely on: servers that start, die, come back on
-//! their port and freeze; a proxy that forwards, delays, swallows, blackholes and resets.
+//! their port and freeze; a proxy that forwards, delays, swallows, blackholes (every connection
+//! or a client's subscriptions alone) and resets.
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -124,6 +125,30 @@ async fn proxy_passes_blackholes_and_heals() {
     // The blackholed connection lost its request for good; a new one is clean.
     let mut fresh = connect(&proxy.url()).await;
     assert_eq!(ping(&mut fresh).await.unwrap(), "PONG");
+}
+
+#[tokio::test]
+async fn proxy_blackholes_subscribers_only() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let mut commands = connect(&proxy.url()).await;
+    let client = redis::Client::open(proxy.url()).expect("valid url");
+    let mut subscription = client.get_async_pubsub().await.expect("pubsub connection");
+    subscription.subscribe("before").await.unwrap();
+
+    proxy.set(Fault::BlackholeSubscribers);
+    assert!(
+        timeout(SHORT, subscription.subscribe("during"))
+            .await
+            .is_err(),
+        "a subscriber's request answered"
+    );
+    assert_eq!(ping(&mut commands).await.unwrap(), "PONG");
+    assert_eq!(
+        server.command(&["PUBSUB", "NUMSUB", "during"]),
+        Value::Array(vec![Value::BulkString(b"during".to_vec()), Value::Int(0)]),
+        "a subscribe passed the blackhole"
+    );
 }
 
 #[tokio::test]
