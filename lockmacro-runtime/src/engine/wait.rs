@@ -246,17 +246,8 @@ impl Engine {
                 fallback = fallback.min(options.ttl.max(Duration::from_secs(1)) / 3);
             }
             let mut wakes_to_reserve = false;
-            let reserved = matches!(
-                looking,
-                Looking::Waiting {
-                    starving_since: Some(_)
-                }
-            );
-            if may_reserve && !reserved {
-                // Look again once it has waited too long: that look reserves the key. At once
-                // when the bound passed during this look, which reserved nothing: otherwise it
-                // would sleep out the holder's lease while a busy client hands the key around.
-                let until = since.until_starving().unwrap_or_default();
+            if may_reserve && let Some(until) = since.until_starving() {
+                // Look again once it has waited too long: that look reserves the key.
                 wakes_to_reserve = until <= fallback;
                 fallback = fallback.min(until);
             }
