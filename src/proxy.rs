@@ -201,13 +201,15 @@ async fn serve(
         let forward = async {
             tokio::try_join!(
                 pump(
-                    (from_client, to_server),
+                    from_client,
+                    to_server,
                     Direction::ToServer,
                     fault.clone(),
                     &subscriber
                 ),
                 pump(
-                    (from_server, to_client),
+                    from_server,
+                    to_client,
                     Direction::ToClient,
                     fault,
                     &subscriber
@@ -230,7 +232,8 @@ async fn serve(
 /// Copies one direction until end of stream, then passes the end on (a half close), applying the
 /// current fault to each chunk. `subscriber` is set once the client sent a (un)subscribe.
 async fn pump(
-    (mut from, mut to): (impl AsyncReadExt + Unpin, impl AsyncWriteExt + Unpin),
+    mut from: impl AsyncReadExt + Unpin,
+    mut to: impl AsyncWriteExt + Unpin,
     direction: Direction,
     fault: watch::Receiver<Fault>,
     subscriber: &AtomicBool,

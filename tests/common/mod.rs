@@ -485,6 +485,11 @@ impl Log {
 
     /// Waits (at most 5 s) until `needle` has been logged, woken by each write.
     pub async fn seen(&self, needle: &str) {
+        self.seen_within(needle, Duration::from_secs(5)).await;
+    }
+
+    /// [`seen`](Self::seen), waiting at most `within`.
+    pub async fn seen_within(&self, needle: &str, within: Duration) {
         let logged = async {
             loop {
                 let written = self.0.written.notified();
@@ -494,13 +499,13 @@ impl Log {
                 written.await;
             }
         };
-        tokio::time::timeout(Duration::from_secs(5), logged)
+        tokio::time::timeout(within, logged)
             .await
             .unwrap_or_else(|_| {
                 let text = self.text();
                 let lines: Vec<&str> = text.lines().collect();
                 let last = lines[lines.len().saturating_sub(40)..].join("\n");
-                panic!("not logged within 5 s: {needle}\nthe last lines logged:\n{last}")
+                panic!("not logged within {within:?}: {needle}\nthe last lines logged:\n{last}")
             });
     }
 }
