@@ -216,6 +216,28 @@ fn for_key(key: &Option<String>) -> String {
 }
 
 impl LockError {
+    /// Whether trying again later may succeed with nobody changing anything: the lock was
+    /// busy or lost, Redis was unreachable, slow or in a failover, no Redlock majority
+    /// answered, the client was shutting down. `false` for what needs someone to act: a
+    /// refused password or ACL, a server that does not speak Redis's protocol, a script's
+    /// error, a key that is not a lock, invalid options or configuration, renewals used up.
+    ///
+    /// The axum integration answers 503 for a transient failure and 500 for the rest; a
+    /// waiting call waits out what is transient and ends at once on the rest.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Busy { .. } | Self::Lost { .. } | Self::NoQuorum { .. } | Self::ShutDown { .. } => {
+                true
+            }
+            Self::Redis { source, .. } => crate::store::error_heals(source.as_ref()),
+            Self::RenewalsExhausted { .. }
+            | Self::NotALock { .. }
+            | Self::InvalidKey { .. }
+            | Self::InvalidOptions { .. }
+            | Self::Config { .. } => false,
+        }
+    }
+
     /// The Redis key this error concerns, if any.
     pub fn key(&self) -> Option<&str> {
         match self {
@@ -235,6 +257,32 @@ impl LockError {
 #[cfg(test)]
 mod tests {
     use super::LockError;
+
+    #[test]
+    fn what_heals_is_transient_and_what_needs_someone_is_not() {
+        use crate::store::{Refused, StoreError};
+        let transient = |error: StoreError| error.into_lock_error(Some("k")).is_transient();
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(transient(StoreError::unavailable(::redis::RedisError::from(reset))));
+        let readonly = ::redis::RedisError::from((
+            ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly),
+            "READONLY You can't write against a read only replica.",
+        ));
+        assert!(transient(StoreError::unavailable(readonly)));
+        assert!(transient(StoreError::NoQuorum { answered: 1, needed: 2 }));
+        let script = ::redis::RedisError::from((
+            ::redis::ErrorKind::Server(::redis::ServerErrorKind::ResponseError),
+            "ERR user_script:1: Script attempted to access nonexistent global variable",
+        ));
+        assert!(!transient(StoreError::unavailable(script)));
+        let wrong_password = Refused::WrongPassword {
+            server: "127.0.0.1:6379".into(),
+            reason: "WRONGPASS".into(),
+        };
+        assert!(!transient(StoreError::unavailable(wrong_password)));
+        assert!(!LockError::Config { message: "bad url".into() }.is_transient());
+        assert!(LockError::Busy { key: "k".into(), retry_after: None }.is_transient());
+    }
 
     #[test]
     fn debug_leaves_out_what_is_not_there() {

@@ -436,6 +436,62 @@ impl StoreError {
 }
 
 impl StoreError {
+    /// Whether looking again may succeed with nobody changing anything: a connection lost,
+    /// refused or reset, no answer in time, a failover's answers (`READONLY`, `MOVED`, `ASK`,
+    /// `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`, `MASTERDOWN`, no master known), a grant no replica
+    /// acknowledged, no majority. A refused password or ACL, a peer that does not speak RESP,
+    /// a script's error, a key that is not a lock and a configuration mistake do not heal.
+    pub(crate) fn heals(&self) -> bool {
+        match self {
+            Self::Unavailable(source) => error_heals(source.as_ref()),
+            Self::NoQuorum { .. } => true,
+            Self::Unusable(_) => false,
+        }
+    }
+}
+
+/// [`StoreError::heals`] for an error and its sources: the first that says decides.
+pub(crate) fn error_heals(error: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(Shared(shared)) = error.downcast_ref::<Shared>() {
+            return error_heals(shared.as_ref());
+        }
+        if error.is::<Refused>() {
+            return false;
+        }
+        if let Some(error) = error.downcast_ref::<::redis::RedisError>() {
+            return redis_error_heals(error);
+        }
+        next = error.source();
+    }
+    true
+}
+
+fn redis_error_heals(error: &::redis::RedisError) -> bool {
+    use ::redis::{ErrorKind, ServerErrorKind};
+    match error.kind() {
+        ErrorKind::Server(kind) => !matches!(
+            kind,
+            // `ERR`: a script's or a command's own error, as an ACL's `NOPERM`.
+            ServerErrorKind::ResponseError
+                | ServerErrorKind::ExecAbort
+                | ServerErrorKind::CrossSlot
+                | ServerErrorKind::NoPerm
+                | ServerErrorKind::NotBusy
+                | ServerErrorKind::NoSub
+        ),
+        ErrorKind::Io
+        | ErrorKind::MasterNameNotFoundBySentinel
+        | ErrorKind::NoValidReplicasFoundBySentinel
+        | ErrorKind::ClusterConnectionNotFound => true,
+        // A refused password, a reply that is not RESP or not what the script returns, a
+        // client's own misuse: the same look meets the same answer.
+        _ => error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal(),
+    }
+}
+
+impl StoreError {
     /// What the metrics count it as: nothing for a caller that could not use the deployment.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn failure(&self) -> Option<metrics::Failure> {
