@@ -146,6 +146,11 @@ mod recorded {
                 Unit::Count,
                 "Redlock attempts that took some masters but not a majority while others found the key busy."
             );
+            describe_counter!(
+                "lockmacro_looks_again_total",
+                Unit::Count,
+                "Looks of waiting calls made again after the deployment failed one, by reason: unreachable, failover, unacknowledged, no_quorum."
+            );
             describe_gauge!("lockmacro_leases", Unit::Count, "Leases held right now.");
             describe_gauge!("lockmacro_waiters", Unit::Count, "Calls waiting for a lock right now.");
         });
@@ -187,6 +192,12 @@ mod recorded {
         }
     }
 
+    /// A waiting call looks again after the deployment failed its look, for `reason`.
+    pub(crate) fn looked_again(prefix: &Prefix, reason: &'static str) {
+        counter!("lockmacro_looks_again_total", "prefix" => prefix.0.clone(), "reason" => reason)
+            .increment(1);
+    }
+
     /// A Redlock attempt split the masters: some taken, not a majority, others busy.
     pub(crate) fn redlock_split() {
         counter!("lockmacro_redlock_splits_total").increment(1);
@@ -217,6 +228,7 @@ mod recorded {
     pub(crate) fn leases(_: &Prefix, _: f64) {}
     pub(crate) fn waiters(_: &Prefix, _: f64) {}
     pub(crate) fn redlock_split() {}
+    pub(crate) fn looked_again(_: &Prefix, _: &'static str) {}
 }
 
 pub(crate) use recorded::*;

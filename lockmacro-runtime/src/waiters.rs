@@ -409,9 +409,9 @@ impl Ticket<'_> {
         }
     }
 
-    /// Waits for a release of the key, or `fallback`, whichever comes first; at once if one was
+    /// Waits for a release of the key, or until `until`, whichever comes first; at once if one was
     /// heard since `heard` was read ([`releases_heard`](Self::releases_heard)).
-    pub(crate) async fn released_or(&self, fallback: Duration, heard: u64) {
+    pub(crate) async fn released_or(&self, until: tokio::time::Instant, heard: u64) {
         let notified = self.waiters.released.notified();
         let mut notified = std::pin::pin!(notified);
         // Registered before the count is checked: a release in between is not missed.
@@ -419,7 +419,7 @@ impl Ticket<'_> {
         if self.releases_heard() != heard {
             return;
         }
-        let _ = tokio::time::timeout(fallback, notified).await;
+        let _ = tokio::time::timeout_at(until, notified).await;
     }
 }
 

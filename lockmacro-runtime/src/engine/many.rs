@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::acquire::Looking;
-use super::wait::{Since, Stay};
+use super::wait::{LooksAgain, Since, Stay};
 use super::{Engine, new_token, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
@@ -169,8 +169,10 @@ impl Engine {
         let since = Since::now();
         // One token for every attempt: a busy attempt took nothing (keys handed to this token
         // by a release are this caller's: its next look confirms them).
-        let token = new_token();
+        let mut token = new_token();
         let mut stay = Stay::new(self, keys, options.ttl);
+        let mut looks_again = LooksAgain::new();
+        let prefix = Prefix::of(options.label);
         let mut ticket: Option<Ticket<'_>> = None;
         let mut expecting: Option<Expecting> = None;
         let mut looking = Looking::Once;
@@ -189,17 +191,31 @@ impl Engine {
                 }
             }
             let attempt = self.try_acquire_many(keys, &token, options, looking);
-            let (busy, remaining, estimate) = match attempt.await? {
-                Attempt::Taken(lease) => {
+            let (busy, remaining, estimate) = match attempt.await {
+                Ok(Attempt::Taken(lease)) => {
                     stay.took();
                     return Ok(lease);
                 }
-                Attempt::Busy {
+                Ok(Attempt::Busy {
                     key,
                     remaining,
                     estimate,
-                } => (&keys[key], remaining, estimate),
+                }) => (&keys[key], remaining, estimate),
+                Err(error) => {
+                    let pause = looks_again.after(error, &keys[0], give_up, &prefix)?;
+                    // As a single key's wait: the deployment undoes what the failed look may
+                    // have taken, and the next look goes with a new token.
+                    token = new_token();
+                    expecting = None;
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => continue,
+                        () = self.closing.cancelled() => {
+                            return Err(LockError::ShutDown { key: keys[0].clone() });
+                        }
+                    }
+                }
             };
+            looks_again.busy(estimate);
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(LockError::Busy {
@@ -213,8 +229,7 @@ impl Engine {
                 expecting = None;
                 ticket = None;
                 tracing::debug!(key = %busy, "one of the locks is busy; waiting for its release");
-                let prefix = Prefix::of(options.label);
-                let joined = ticket.insert(self.waits.join(busy, true, prefix));
+                let joined = ticket.insert(self.waits.join(busy, true, prefix.clone()));
                 let heard = tokio::select! {
                     heard = joined.subscribed(left) => heard,
                     () = self.closing.cancelled() => {
@@ -248,7 +263,7 @@ impl Engine {
                 }
             };
             tokio::select! {
-                () = ticket.released_or(fallback.min(left), heard) => {}
+                () = ticket.released_or(clock::after(Instant::now(), fallback.min(left)), heard) => {}
                 () = handed => {}
                 () = self.closing.cancelled() => {
                     return Err(LockError::ShutDown { key: keys[0].clone() });

@@ -107,6 +107,60 @@ impl Drop for Stay<'_> {
     }
 }
 
+/// A waiting call's looks that the deployment failed on something that heals (a connection
+/// lost, a failover, an unacknowledged grant, no majority): each is made again after a jittered
+/// pause of tens of milliseconds that grows to about a second, inside the wait. What cannot
+/// heal (a refused password, a script error, a key that is not a lock) ends the call at once.
+pub(super) struct LooksAgain {
+    pauses: clock::Backoff,
+    /// What the last look the deployment answered said: busy (with `Busy`'s estimate).
+    busy: Option<Option<Duration>>,
+}
+
+impl LooksAgain {
+    pub(super) fn new() -> Self {
+        Self {
+            pauses: clock::Backoff::new(Duration::from_millis(25), Duration::from_secs(1)),
+            busy: None,
+        }
+    }
+
+    /// A look was answered: the key was busy, with `Busy`'s estimate.
+    pub(super) fn busy(&mut self, estimate: Option<Duration>) {
+        self.busy = Some(estimate);
+        self.pauses.reset();
+    }
+
+    /// The pause before looking again after a look failed with `error`; or what ends the call:
+    /// the error itself when it cannot heal, else, once the wait ran out at `give_up`, `Busy`
+    /// if the deployment last said the key was held, or the error if it never answered.
+    pub(super) fn after(
+        &mut self,
+        error: LockError,
+        key: &str,
+        give_up: Instant,
+        prefix: &Prefix,
+    ) -> Result<Duration, LockError> {
+        let Some(healing) = error.healing() else {
+            return Err(error);
+        };
+        let left = give_up.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(match self.busy {
+                Some(retry_after) => LockError::Busy {
+                    key: key.to_owned(),
+                    retry_after,
+                },
+                None => error,
+            });
+        }
+        let pause = self.pauses.next_delay().min(left);
+        crate::metrics::looked_again(prefix, healing.label());
+        tracing::info!(key = %key, reason = healing.label(), error = %error, retry_in_ms = clock::millis(pause), "the deployment failed a look; looking again within the wait");
+        Ok(pause)
+    }
+}
+
 impl Engine {
     /// Takes `key`, waiting at most `wait` for it.
     pub(super) async fn wait_for(
@@ -140,6 +194,8 @@ impl Engine {
         // the last look that was answered saw.
         let mut reserving_only = false;
         let mut last_seen = (None, None);
+        let mut looks_again = LooksAgain::new();
+        let prefix = Prefix::of(options.label);
         if options.kind == LockKind::Exclusive && !options.fair && self.waits.anyone_waits(&key) {
             // Others of this client already wait for the key: queue behind them rather than
             // barge in ahead of the waiter a release just woke (a releaser that comes straight
@@ -148,11 +204,9 @@ impl Engine {
             waited = Waited::Yes;
             let joined = ticket.insert(self.waits.join(&key, false, Prefix::of(options.label)));
             let heard = joined.releases_heard();
-            let turn = polls
-                .next_delay()
-                .min(give_up.saturating_duration_since(Instant::now()));
+            let turn = clock::after(Instant::now(), polls.next_delay()).min(give_up);
             let parking = Parking {
-                fallback: turn,
+                until: turn,
                 heard,
                 expecting: None,
                 starving: false,
@@ -203,8 +257,20 @@ impl Engine {
                     tracing::debug!(key = %key, error = %error, "a look to reserve the lock failed; waiting on");
                     last_seen
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    let pause = looks_again.after(error, &key, give_up, &prefix)?;
+                    // The deployment undoes what a failed look may have taken; a new token
+                    // keeps the next look from racing that undo (the old token's place is left).
+                    token = new_token();
+                    expecting = None;
+                    waited = Waited::Yes;
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => continue,
+                        () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
+                    }
+                }
             };
+            looks_again.busy(estimate);
             last_seen = (remaining, estimate);
             keeps_place = true;
             waited = Waited::Yes;
@@ -252,7 +318,7 @@ impl Engine {
                 fallback = fallback.min(until);
             }
             let parking = Parking {
-                fallback: fallback.min(give_up.saturating_duration_since(Instant::now())),
+                until: clock::after(Instant::now(), fallback).min(give_up),
                 heard,
                 expecting: expecting.as_ref(),
                 starving: may_reserve && since.starving(),
@@ -305,7 +371,7 @@ impl Engine {
         let mut handed_elsewhere = std::pin::pin!(handed_elsewhere);
         loop {
             let settled = tokio::select! {
-                () = ticket.released_or(parking.fallback, parking.heard) => None,
+                () = ticket.released_or(parking.until, parking.heard) => None,
                 () = &mut handed_elsewhere => {
                     tracing::debug!(key = %key, token_hint = %hint(token), "the lock was handed to this caller by a release");
                     None
@@ -347,8 +413,9 @@ impl Engine {
 
 /// How a waiter parks.
 struct Parking<'a> {
-    /// The longest it sleeps without news.
-    fallback: Duration,
+    /// When it wakes without news: its fallback, or the end of its wait. A hand-over declined
+    /// meanwhile does not push it back.
+    until: Instant,
     /// The releases heard before its last look.
     heard: u64,
     /// It reserved the key: an announcement that the key was handed to it wakes it.

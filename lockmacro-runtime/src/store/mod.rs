@@ -435,59 +435,78 @@ impl StoreError {
     }
 }
 
-impl StoreError {
-    /// Whether looking again may succeed with nobody changing anything: a connection lost,
-    /// refused or reset, no answer in time, a failover's answers (`READONLY`, `MOVED`, `ASK`,
-    /// `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`, `MASTERDOWN`, no master known), a grant no replica
-    /// acknowledged, no majority. A refused password or ACL, a peer that does not speak RESP,
-    /// a script's error, a key that is not a lock and a configuration mistake do not heal.
-    pub(crate) fn heals(&self) -> bool {
+/// Why a failure may pass on its own: what a waiting call waits out, and how the metrics count
+/// its looks made again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Healing {
+    /// A connection lost, refused or reset, or no answer in time.
+    Unreachable,
+    /// A failover under way: `READONLY`, `MOVED`, `ASK`, `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`,
+    /// `MASTERDOWN`, or no master known to the sentinels.
+    Failover,
+    /// A grant no replica acknowledged in time (it was undone).
+    Unacknowledged,
+    /// Fewer than a majority of Redlock's masters answered alike.
+    NoQuorum,
+}
+
+impl Healing {
+    /// The metrics label.
+    pub(crate) fn label(self) -> &'static str {
         match self {
-            Self::Unavailable(source) => error_heals(source.as_ref()),
-            Self::NoQuorum { .. } => true,
-            Self::Unusable(_) => false,
+            Self::Unreachable => "unreachable",
+            Self::Failover => "failover",
+            Self::Unacknowledged => "unacknowledged",
+            Self::NoQuorum => "no_quorum",
         }
     }
 }
 
-/// [`StoreError::heals`] for an error and its sources: the first that says decides.
-pub(crate) fn error_heals(error: &(dyn Error + 'static)) -> bool {
+/// What would make looking again after `error` succeed with nobody changing anything, if
+/// anything: its first source that says decides. A refused password or ACL, a peer that does
+/// not speak RESP, a script's error do not heal.
+pub(crate) fn healing(error: &(dyn Error + 'static)) -> Option<Healing> {
     let mut next = Some(error);
     while let Some(error) = next {
         if let Some(Shared(shared)) = error.downcast_ref::<Shared>() {
-            return error_heals(shared.as_ref());
+            return healing(shared.as_ref());
         }
         if error.is::<Refused>() {
-            return false;
+            return None;
+        }
+        if error.is::<redis::NotAcknowledged>() {
+            return Some(Healing::Unacknowledged);
         }
         if let Some(error) = error.downcast_ref::<::redis::RedisError>() {
-            return redis_error_heals(error);
+            return redis_healing(error);
         }
         next = error.source();
     }
-    true
+    Some(Healing::Unreachable)
 }
 
-fn redis_error_heals(error: &::redis::RedisError) -> bool {
+fn redis_healing(error: &::redis::RedisError) -> Option<Healing> {
     use ::redis::{ErrorKind, ServerErrorKind};
     match error.kind() {
-        ErrorKind::Server(kind) => !matches!(
-            kind,
-            // `ERR`: a script's or a command's own error, as an ACL's `NOPERM`.
-            ServerErrorKind::ResponseError
-                | ServerErrorKind::ExecAbort
-                | ServerErrorKind::CrossSlot
-                | ServerErrorKind::NoPerm
-                | ServerErrorKind::NotBusy
-                | ServerErrorKind::NoSub
-        ),
-        ErrorKind::Io
+        ErrorKind::Server(
+            ServerErrorKind::ReadOnly
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::MasterDown,
+        )
         | ErrorKind::MasterNameNotFoundBySentinel
         | ErrorKind::NoValidReplicasFoundBySentinel
-        | ErrorKind::ClusterConnectionNotFound => true,
-        // A refused password, a reply that is not RESP or not what the script returns, a
-        // client's own misuse: the same look meets the same answer.
-        _ => error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal(),
+        | ErrorKind::ClusterConnectionNotFound => Some(Healing::Failover),
+        // Loaded again on the next look (a restarted or promoted server forgot its scripts).
+        ErrorKind::Server(ServerErrorKind::NoScript) | ErrorKind::Io => Some(Healing::Unreachable),
+        // `ERR` (a script's or a command's own error), `NOPERM`, a refused password, a reply
+        // that is not RESP or not what the script returns, a client's own misuse: the same
+        // look meets the same answer.
+        _ => (error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal())
+            .then_some(Healing::Unreachable),
     }
 }
 

@@ -24,7 +24,8 @@ use super::{
 };
 use crate::error::{LockError, LostReason};
 use crate::health::Health;
-use replicas::{Needed, NotAcknowledged, Replicas, Replication, Turn};
+pub(crate) use replicas::NotAcknowledged;
+use replicas::{Needed, Replicas, Replication, Turn};
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
