@@ -62,6 +62,20 @@ pub enum Foreign {
     String,
     /// A hash with one field, `field` = `value`.
     Hash,
+    /// The string `+`: a waiter's mark alone, as a watch leaves on a free key, but set by
+    /// another application, without an expiry.
+    Mark,
+}
+
+impl Foreign {
+    /// The string it is, for the string kinds.
+    fn text(self) -> Option<&'static str> {
+        match self {
+            Self::String => Some("hello"),
+            Self::Mark => Some("+"),
+            Self::Hash => None,
+        }
+    }
 }
 
 /// One `redis-server`.
@@ -338,7 +352,7 @@ impl Deployment for InMemory {
 
     async fn put_foreign(&self, key: &str, data: Foreign) {
         match data {
-            Foreign::String => self.hooks().put_foreign_string(key),
+            Foreign::String | Foreign::Mark => self.hooks().put_foreign_string(key),
             Foreign::Hash => self.hooks().put_foreign_hash(key),
         }
     }
@@ -420,9 +434,9 @@ async fn set_value(server: &RedisServer, key: &str, value: &str, ttl: Duration) 
 /// `SET key hello`, or `HSET key field value`.
 async fn put_foreign(server: &RedisServer, key: &str, data: Foreign) {
     let mut connection = server.connection().await;
-    let () = match data {
-        Foreign::String => connection.set(key, "hello").await.expect("SET"),
-        Foreign::Hash => {
+    let () = match data.text() {
+        Some(text) => connection.set(key, text).await.expect("SET"),
+        None => {
             let _: i64 = connection.hset(key, "field", "value").await.expect("HSET");
         }
     };
@@ -432,12 +446,12 @@ async fn put_foreign(server: &RedisServer, key: &str, data: Foreign) {
 async fn holds_foreign(server: &RedisServer, key: &str, data: Foreign) -> bool {
     let mut connection = server.connection().await;
     let pttl: i64 = connection.pttl(key).await.expect("PTTL");
-    let same = match data {
-        Foreign::String => {
+    let same = match data.text() {
+        Some(text) => {
             let value: Option<String> = connection.get(key).await.ok().flatten();
-            value.as_deref() == Some("hello")
+            value.as_deref() == Some(text)
         }
-        Foreign::Hash => {
+        None => {
             let fields: std::collections::HashMap<String, String> =
                 connection.hgetall(key).await.unwrap_or_default();
             fields.len() == 1 && fields.get("field").map(String::as_str) == Some("value")

@@ -1878,6 +1878,8 @@ pub async fn a_key_that_holds_no_lock_is_never_written(deployment: &impl Deploym
     for (key, data, found) in [
         ("foreign:text", Foreign::String, protocol::FOREIGN_STRING),
         ("foreign:table", Foreign::Hash, protocol::FOREIGN_HASH),
+        // The mark a watch leaves on a free key, but without the expiry every mark of ours has.
+        ("foreign:mark", Foreign::Mark, protocol::FOREIGN_STRING),
     ] {
         deployment.put_foreign(key, data).await;
         let mut kinds = vec![

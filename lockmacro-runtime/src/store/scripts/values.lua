@@ -14,14 +14,15 @@ end
 
 -- What `key` holds: its type and, for a string, its value; then, when it is no lock of ours,
 -- what it is instead (for `NotALock`), else nil; then whether a watch follows the free key (a
--- watch's mark alone, '+', see watch.lua: 'none', and the lock taken is marked so that its
--- release is announced). A lock of ours always has an expiry.
+-- watch's mark alone, '+' with an expiry, see watch.lua: 'none', and the lock taken is marked so
+-- that its release is announced). A lock of ours, and any mark of ours, always has an expiry.
 local function look_at(key)
   local ktype = redis.call('TYPE', key)['ok']
   if ktype == 'none' then return ktype, nil, nil end
   if ktype == 'string' then
     local v = redis.call('GET', key)
-    if v == '+' then return 'none', nil, nil, true end
+    -- A watch's mark lives for a while; another application's '+' has no expiry.
+    if v == '+' and redis.call('PTTL', key) >= 0 then return 'none', nil, nil, true end
     if not is_lock_value(v) then return ktype, v, 'a string that is not a lock value' end
     if redis.call('PTTL', key) < 0 then return ktype, v, 'a string without an expiry' end
     return ktype, v, nil
