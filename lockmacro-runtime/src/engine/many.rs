@@ -169,7 +169,7 @@ impl Engine {
         let since = Since::now();
         // One token for every attempt: a busy attempt took nothing (keys handed to this token
         // by a release are this caller's: its next look confirms them).
-        let mut token = new_token();
+        let token = new_token();
         let mut stay = Stay::new(self, keys, options.ttl);
         let mut looks_again = LooksAgain::new();
         let prefix = Prefix::of(options.label);
@@ -202,11 +202,8 @@ impl Engine {
                     estimate,
                 }) => (&keys[key], remaining, estimate),
                 Err(error) => {
+                    // The same token looks again, as a single key's wait does.
                     let pause = looks_again.after(error, &keys[0], give_up, &prefix)?;
-                    // As a single key's wait: the deployment undoes what the failed look may
-                    // have taken, and the next look goes with a new token.
-                    token = new_token();
-                    expecting = None;
                     tokio::select! {
                         () = tokio::time::sleep(pause) => continue,
                         () = self.closing.cancelled() => {

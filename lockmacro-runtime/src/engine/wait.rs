@@ -258,11 +258,11 @@ impl Engine {
                     last_seen
                 }
                 Err(error) => {
+                    // The same token looks again: a key the failed look took, or handed to
+                    // its reservation, is this caller's at its next look. What the deployment
+                    // undoes of the failed look goes on the connection that carried it,
+                    // ahead of the next look.
                     let pause = looks_again.after(error, &key, give_up, &prefix)?;
-                    // The deployment undoes what a failed look may have taken; a new token
-                    // keeps the next look from racing that undo (the old token's place is left).
-                    token = new_token();
-                    expecting = None;
                     waited = Waited::Yes;
                     tokio::select! {
                         () = tokio::time::sleep(pause) => continue,

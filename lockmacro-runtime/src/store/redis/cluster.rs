@@ -505,6 +505,13 @@ impl ReleaseFeed for ShardedFeed {
         Box::pin(async move {
             loop {
                 let push = self.pushes.recv().await?;
+                if push.kind == PushKind::Disconnection {
+                    // A node's connection dropped (a master killed, say): the client
+                    // resubscribes once it reconnects, and what was announced meanwhile went
+                    // by unheard. Ending the feed has its waiters look again and the leases
+                    // held checked, as after any lost subscription.
+                    return None;
+                }
                 let Some(Value::BulkString(channel)) = push.data.first() else {
                     continue;
                 };
