@@ -190,6 +190,12 @@ impl Engine {
                     expecting = Some(ticket.expect(&token));
                 }
             }
+            let reserves = matches!(
+                looking,
+                Looking::Waiting {
+                    starving_since: Some(_)
+                }
+            );
             let attempt = self.try_acquire_many(keys, &token, options, looking);
             let (busy, remaining, estimate) = match attempt.await {
                 Ok(Attempt::Taken(lease)) => {
@@ -248,8 +254,10 @@ impl Engine {
                 Some(remaining) => clock::jittered(remaining, 0.05) + Duration::from_millis(1),
                 None => Duration::from_millis(100),
             };
-            if let Some(until) = since.until_starving() {
-                fallback = fallback.min(until);
+            if !reserves {
+                // As a single key's waiter: a look answered after the bound that reserved
+                // nothing looks again at once.
+                fallback = fallback.min(since.until_starving().unwrap_or_default());
             }
             let left = give_up.saturating_duration_since(Instant::now());
             let _parked = ticket.park(since.starving());

@@ -241,6 +241,13 @@ impl Engine {
                     expecting = Some(ticket.expect(&token));
                 }
             }
+            // Whether this look reserves the key, or (failing) need not be made again at once.
+            let mut reserves = matches!(
+                looking,
+                Looking::Waiting {
+                    starving_since: Some(_)
+                }
+            );
             let attempt = self.try_acquire(&key, &token, options, looking);
             let (remaining, estimate) = match attempt.await {
                 Ok(Attempt::Taken(lease)) => {
@@ -255,13 +262,14 @@ impl Engine {
                 // costs the waiter nothing: it waits on as it did before that look.
                 Err(error) if reserving_only => {
                     tracing::debug!(key = %key, error = %error, "a look to reserve the lock failed; waiting on");
+                    reserves = true;
                     last_seen
                 }
                 Err(error) => {
                     // The same token looks again: a key the failed look took, or handed to
-                    // its reservation, is this caller's at its next look. What the deployment
-                    // undoes of the failed look goes on the connection that carried it,
-                    // ahead of the next look.
+                    // its reservation, is this caller's at its next look. The deployment's undo
+                    // of the failed look compares that look's whole value (its time included),
+                    // so it never removes what a later look took.
                     let pause = looks_again.after(error, &key, give_up, &prefix)?;
                     waited = Waited::Yes;
                     tokio::select! {
@@ -312,8 +320,12 @@ impl Engine {
                 fallback = fallback.min(options.ttl.max(Duration::from_secs(1)) / 3);
             }
             let mut wakes_to_reserve = false;
-            if may_reserve && let Some(until) = since.until_starving() {
-                // Look again once it has waited too long: that look reserves the key.
+            if may_reserve && !reserves {
+                // Look again once it has waited too long: that look reserves the key. A look
+                // sent before the bound and answered after it reserved nothing: look again at
+                // once (a busy client may hand the key around inside itself, announcing
+                // nothing, for as long as the holder's lease).
+                let until = since.until_starving().unwrap_or_default();
                 wakes_to_reserve = until <= fallback;
                 fallback = fallback.min(until);
             }

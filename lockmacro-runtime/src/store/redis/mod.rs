@@ -1270,9 +1270,40 @@ impl<T: Transport> HandsOver for RedisStore<T> {
             let channel = T::LAYOUT.release_channel(names, lease.key)?;
             let waiting = T::LAYOUT.waiting(names, lease.key)?;
             let cmd = scripts::hand_over(lease, next, &channel, &waiting, T::LAYOUT.announce());
-            Ok(HandOver::from_reply(
-                self.run_script(lease.key, &cmd).await?,
-            ))
+            // A hand-over is a grant: where replicas must acknowledge a grant, they acknowledge
+            // the next holder's value before its work runs (`WAIT` behind the script, as
+            // behind an acquire). A key handed to a caller elsewhere is acknowledged by that
+            // caller's own look, which takes it.
+            let mut connection = self.transport.connection().await?;
+            let acks = self.acks_needed(&mut connection, lease.key).await?;
+            let budget = self.settings().response_timeout;
+            let mut waiting = connection.clone();
+            let script = self.send::<i64>(&mut connection, lease.key, Request::Cmd(&cmd), budget);
+            let (reply, acked) = self
+                .with_wait(&mut waiting, lease.key, acks, script, |reply| *reply == 1)
+                .await;
+            let handed = HandOver::from_reply(reply.map_err(SendError::into_store_error)?);
+            if let (HandOver::Handed, Some(needed), Some(acked)) = (handed, acks, acked)
+                && let Err(error) = self
+                    .acknowledged(&mut connection, lease.key, needed, acked)
+                    .await
+            {
+                // Undone as an attempt that did not win: announced as "look again". If the
+                // undo fails too, the caller hears the error and the next holder's token is
+                // given up in the background.
+                tracing::debug!(key = %lease.key, error = %error, "a hand-over no replica acknowledged is undone");
+                let undone = LeaseRef {
+                    undone: true,
+                    ..next
+                };
+                let release = self.release_cmd(undone)?;
+                let request = Request::Cmd(&release);
+                self.send::<i64>(&mut connection, lease.key, request, budget)
+                    .await
+                    .map_err(SendError::into_store_error)?;
+                return Ok(HandOver::Released);
+            }
+            Ok(handed)
         })
     }
 }
