@@ -518,13 +518,17 @@ impl KeyWaiters {
         let heard = Announcement::parse(message);
         if let Some(token) = heard.handed_to {
             // Handed to a caller it was reserved for: not free for anyone else. That caller
-            // (if it is one of ours) takes it; one of ours that waited too long looks again,
-            // to reserve it in turn.
+            // (if it is one of ours) takes it. The key held one reservation, so every other
+            // waiter's went unrecorded: ours that waited too long look again, to reserve it in
+            // turn, those parked at once and those looking right now as soon as their look is
+            // answered (the count of releases heard moved).
             if let Some(handed) = lock(&self.expecting).get(token) {
                 handed.notify_one();
             }
+            self.releases
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             if self.starving.load(std::sync::atomic::Ordering::Acquire) > 0 {
-                self.released.notify_one();
+                self.released.notify_waiters();
             }
             return;
         }

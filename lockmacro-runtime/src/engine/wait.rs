@@ -237,7 +237,7 @@ impl Engine {
                 {
                     // Heard from before the look that reserves the key: a release may hand it
                     // over the moment the reservation lands.
-                    tracing::debug!(key = %key, "waited past the starvation bound; reserving the lock");
+                    tracing::debug!(key = %key, token_hint = %hint(&token), "waited past the starvation bound; reserving the lock");
                     expecting = Some(ticket.expect(&token));
                 }
             }
@@ -284,7 +284,7 @@ impl Engine {
             waited = Waited::Yes;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                tracing::debug!(key = %key, "lock still busy when the wait ran out");
+                tracing::debug!(key = %key, token_hint = %hint(&token), "lock still busy when the wait ran out");
                 return Err(LockError::Busy {
                     key,
                     retry_after: estimate,
@@ -293,7 +293,7 @@ impl Engine {
             let ticket = match &ticket {
                 Some(ticket) => ticket,
                 None => {
-                    tracing::debug!(key = %key, "lock busy; waiting for its release");
+                    tracing::debug!(key = %key, token_hint = %hint(&token), "lock busy; waiting for its release");
                     // Readers can all go in at once, and a fair queue's head may be anyone:
                     // every such waiter looks at each release, not just one.
                     let everyone = options.fair || options.kind != LockKind::Exclusive;
