@@ -14,6 +14,9 @@ use clap::{Parser, Subcommand};
 use lockmacro_runtime::{Health, Holder, LockClient, LockError, LockEvent, LockInfo, LockKind};
 use serde_json::json;
 
+mod terminal;
+use terminal::{escaped, json_line};
+
 /// Look at and clear lockmacro's Redis locks: who holds a lock, for how long, who waits; free it.
 #[derive(Parser)]
 #[command(name = "lockmacro", version, after_help = EXIT_STATUS)]
@@ -166,7 +169,7 @@ impl Exit {
 fn fail(exit: Exit, message: &str) -> ExitCode {
     // One line, whatever the error's sources say.
     let line: Vec<&str> = message.split_whitespace().collect();
-    eprintln!("lockmacro: {}", line.join(" "));
+    eprintln!("lockmacro: {}", escaped(&line.join(" ")));
     ExitCode::from(exit as u8)
 }
 
@@ -281,6 +284,11 @@ fn as_json(lock: &LockInfo) -> serde_json::Value {
     })
 }
 
+/// Writes one line of human output, its control characters escaped ([`escaped`]).
+fn say(out: &mut impl Write, line: &str) -> Result<(), LockError> {
+    written(writeln!(out, "{}", escaped(line)))
+}
+
 fn written(result: std::io::Result<()>) -> Result<(), LockError> {
     result.map_err(|error| LockError::Config {
         message: format!("cannot write the output: {error}"),
@@ -308,7 +316,7 @@ async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, Lock
         };
         if json {
             let separator = if count == 0 { "" } else { "," };
-            written(write!(out, "{separator}{}", as_json(&lock)))?;
+            written(write!(out, "{separator}{}", json_line(&as_json(&lock))))?;
         } else {
             if count == 0 {
                 written(writeln!(
@@ -323,12 +331,13 @@ async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, Lock
             };
             written(writeln!(
                 out,
-                "{:40}  {:12}  {:>12}  {:>7}  {:>7}  {held_by}",
-                lock.key(),
+                "{:40}  {:12}  {:>12}  {:>7}  {:>7}  {}",
+                escaped(lock.key()),
                 kind_name(lock.kind()),
                 seconds(lock.time_left()),
                 lock.holders().len(),
-                lock.waiters()
+                lock.waiters(),
+                escaped(&held_by),
             ))?;
         }
         count += 1;
@@ -351,7 +360,7 @@ async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, Lock
         return Ok(Done::Failure(Exit::NotHeld, format!("`{key}` is not held")));
     };
     if json {
-        written(writeln!(out, "{}", as_json(&lock)))?;
+        written(writeln!(out, "{}", json_line(&as_json(&lock))))?;
         return Ok(Done::Success);
     }
     let mut lines = vec![
@@ -389,7 +398,7 @@ async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, Lock
     ));
     lines.push(format!("waiters:    {}", lock.waiters()));
     for line in lines {
-        written(writeln!(out, "{line}"))?;
+        say(&mut out, &line)?;
     }
     Ok(Done::Success)
 }
@@ -415,11 +424,12 @@ async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Resul
             .iter()
             .map(|holder| format!("{}…, {}", holder.token_hint(), who(holder)))
             .collect();
-        eprint!(
+        let question = format!(
             "Release `{key}` ({}, held by {})? [y/N] ",
             kind_name(lock.kind()),
             hints.join(", ")
         );
+        eprint!("{}", escaped(&question));
         let mut answer = String::new();
         if std::io::stdin().lock().read_line(&mut answer).is_err()
             || !matches!(answer.trim(), "y" | "Y" | "yes")
@@ -428,7 +438,10 @@ async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Resul
         }
     }
     if locks.force_release(key).await? {
-        println!("{key}: released; its holder gets `Lost` at its next renewal");
+        say(
+            &mut std::io::stdout().lock(),
+            &format!("{key}: released; its holder gets `Lost` at its next renewal"),
+        )?;
         Ok(Done::Success)
     } else {
         Ok(Done::Failure(
@@ -440,7 +453,7 @@ async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Resul
 
 async fn watch(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockError> {
     let started = Instant::now();
-    eprintln!("watching `{key}` (Ctrl-C to stop)");
+    eprintln!("{}", escaped(&format!("watching `{key}` (Ctrl-C to stop)")));
     let mut events = locks.watch(key);
     loop {
         let event = tokio::select! {
@@ -453,24 +466,22 @@ async fn watch(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockEr
         let at_ms = millis(started.elapsed());
         let at = at_ms as f64 / 1000.0;
         let line = match event? {
-            LockEvent::Acquired { holder, .. } if json => json!({
+            LockEvent::Acquired { holder, .. } if json => json_line(&json!({
                 "event": "acquired",
                 "key": key,
                 "token_hint": holder.token_hint(),
                 "holder": holder_json(&holder),
                 "at_ms": at_ms,
-            })
-            .to_string(),
-            LockEvent::Acquired { token_hint, holder } => {
-                format!(
-                    "{at:9.3}s  {key}  acquired by {token_hint}…  {}",
-                    who(&holder)
-                )
-            }
+            })),
+            LockEvent::Acquired { token_hint, holder } => escaped(&format!(
+                "{at:9.3}s  {key}  acquired by {token_hint}…  {}",
+                who(&holder)
+            ))
+            .into_owned(),
             LockEvent::Released if json => {
-                json!({"event": "released", "key": key, "at_ms": at_ms}).to_string()
+                json_line(&json!({"event": "released", "key": key, "at_ms": at_ms}))
             }
-            LockEvent::Released => format!("{at:9.3}s  {key}  released"),
+            LockEvent::Released => escaped(&format!("{at:9.3}s  {key}  released")).into_owned(),
             _ => continue,
         };
         let mut out = std::io::stdout().lock();
@@ -483,9 +494,11 @@ async fn health(locks: &LockClient, json: bool) -> Result<Done, LockError> {
     let health = locks.health().await;
     let mut out = std::io::stdout().lock();
     if json {
-        written(writeln!(out, "{}", health_json(&health)))?;
+        written(writeln!(out, "{}", json_line(&health_json(&health))))?;
     } else {
-        written(writeln!(out, "{health}"))?;
+        for line in health.to_string().lines() {
+            say(&mut out, line)?;
+        }
     }
     Ok(match (health.is_ready(), health.answering()) {
         (true, _) => Done::Success,

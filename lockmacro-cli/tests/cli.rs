@@ -93,48 +93,63 @@ async fn waiter_subscribed(server: &RedisServer, key: &str) {
     panic!("nobody subscribed to {channel}");
 }
 
-/// A running `lockmacro watch --json`, its lines on a channel.
+/// A running `lockmacro watch`, its stdout and stderr lines on channels.
 struct Watching {
     child: Child,
-    lines: mpsc::Receiver<serde_json::Value>,
+    lines: mpsc::Receiver<String>,
+    notices: mpsc::Receiver<String>,
 }
 
 impl Watching {
+    /// `lockmacro watch KEY --json`, once its banner says the watch has begun.
     fn start(urls: &[String], options: &[&str], key: &str) -> Self {
+        Self::start_printing(urls, options, &[key, "--json"])
+    }
+
+    /// `lockmacro watch` with `args`, once its banner says the watch has begun.
+    fn start_printing(urls: &[String], options: &[&str], args: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_lockmacro"));
         for url in urls {
             command.arg("--url").arg(url);
         }
         let mut child = command
             .args(options)
-            .args(["watch", key, "--json"])
+            .arg("watch")
+            .args(args)
             .env_remove("REDIS_URL")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let (lines_tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = lines_tx.send(serde_json::from_str(&line).expect("a JSON line"));
-            }
-        });
-        // The banner on stderr says the watch has begun.
-        let mut banner = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut banner)
-            .unwrap();
+        let lines = lines_of(child.stdout.take().unwrap());
+        let notices = lines_of(child.stderr.take().unwrap());
+        let banner = notices
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a banner within 10 s");
         assert!(banner.contains("watching"), "{banner}");
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            notices,
+        }
+    }
+
+    /// The next line on stdout.
+    fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a line within 10 s")
+    }
+
+    /// The next line on stdout, read as JSON.
+    fn next_json(&self) -> serde_json::Value {
+        let line = self.next_line();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     }
 
     /// The next event: `acquired` with its hint, or `released`.
     fn next(&self) -> (String, Option<String>) {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(10))
-            .expect("an event within 10 s");
+        let line = self.next_json();
         (
             line["event"].as_str().unwrap().to_owned(),
             line["token_hint"].as_str().map(str::to_owned),
@@ -153,6 +168,17 @@ impl Drop for Watching {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Each line `from` prints, on a channel.
+fn lines_of(from: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    lines
 }
 
 fn acquired(token: &str) -> (String, Option<String>) {
@@ -695,4 +721,70 @@ async fn inspect_of_a_held_lock_on_each_deployment_names_its_holder() {
         let health = lockmacro(&urls, &args);
         assert_eq!(health.status.code(), Some(0), "{name}: {}", stdout(&health));
     }
+}
+
+/// Regression (issue 51): a key holding `ESC [2J ESC [31m` went raw to the terminal through
+/// `list`, `inspect`, `watch` and `release`, clearing the screen and recolouring it. Human output
+/// shows control characters as escapes; JSON keeps the key exact.
+#[tokio::test]
+async fn keys_with_control_characters_are_shown_escaped_never_sent_to_the_terminal() {
+    let server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let key = "evil\u{1b}[2J\u{1b}[31m\u{9b}0m\u{202e}:1";
+    let shown = "evil\\x1b[2J\\x1b[31m\\u{9b}0m\\u{202e}:1";
+    let raw = |output: &str| {
+        output
+            .chars()
+            .any(|c| c.is_control() && c != '\n' || c == '\u{202e}')
+    };
+    let watching = Watching::start_printing(&url, &[], &[key]);
+    let held = locks.acquire(key, opts(30_000)).await.unwrap();
+
+    let watched = watching.next_line();
+    assert!(
+        watched.contains(&format!("{shown}  acquired by ")),
+        "{watched}"
+    );
+    let outputs = [
+        lockmacro(&url, &["list"]),
+        lockmacro(&url, &["inspect", key]),
+        lockmacro(&url, &["release", key, "--force", "--yes"]),
+        lockmacro(&url, &["inspect", key]),
+    ];
+    for output in &outputs {
+        assert!(!raw(&stdout(output)), "{:?}", stdout(output));
+        assert!(!raw(&stderr(output)), "{:?}", stderr(output));
+    }
+    let [listed, inspected, released, free] = &outputs;
+    assert!(stdout(listed).contains(shown), "{}", stdout(listed));
+    assert!(
+        stdout(inspected).contains(&format!("key:        {shown}\n")),
+        "{}",
+        stdout(inspected)
+    );
+    assert!(
+        stdout(released).starts_with(&format!("{shown}: released")),
+        "{}",
+        stdout(released)
+    );
+    assert_fails_with(free, &format!("`{shown}` is not held"));
+    let watched = watching.next_line();
+    assert!(
+        watched.ends_with(&format!("{shown}  released")),
+        "{watched}"
+    );
+    assert!(!raw(&watched), "{watched:?}");
+    for notice in watching.notices.try_iter() {
+        assert!(!raw(&notice), "{notice:?}");
+    }
+    drop(held);
+
+    // JSON keeps the key exact, in escapes a terminal shows as text.
+    let _again = locks.acquire(key, opts(30_000)).await.unwrap();
+    let listed = lockmacro(&url, &["list", "--json"]);
+    assert!(!raw(&stdout(&listed)), "{:?}", stdout(&listed));
+    assert_eq!(listed_keys(&listed), [key]);
+    let object = json(&lockmacro(&url, &["inspect", key, "--json"]));
+    assert_eq!(object["key"], key);
 }
