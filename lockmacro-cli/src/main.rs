@@ -86,11 +86,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Remove every holder of a lock now and announce it, so waiters take it at once. Exits 1
-    /// when nobody held it.
+    /// Remove every holder of a lock now and announce it: waiters take it at once, and the
+    /// holder's work is cancelled with `Lost` within a second, whatever its ttl. Exits 1 when
+    /// nobody held it.
     ///
-    /// The holder is not stopped at once: it gets `Lost` at its next renewal (within a third of
-    /// its ttl), so its work may still run for that long.
+    /// Only a holder whose Redis user may not subscribe to lockmacro's channels (an ACL without
+    /// channel access) learns of it later, at its next renewal (within a third of its ttl).
     Release {
         /// The lock's full key.
         key: String,
@@ -408,7 +409,7 @@ async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Resul
         return Ok(Done::Failure(
             Exit::Usage,
             format!(
-                "refusing to release `{key}` without --force: its holder may still be working (it learns it lost the lock only at its next renewal)"
+                "refusing to release `{key}` without --force: its holder's work would be cancelled with `Lost`"
             ),
         ));
     }
@@ -440,7 +441,7 @@ async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Resul
     if locks.force_release(key).await? {
         say(
             &mut std::io::stdout().lock(),
-            &format!("{key}: released; its holder gets `Lost` at its next renewal"),
+            &format!("{key}: released; its holder gets `Lost` within a second"),
         )?;
         Ok(Done::Success)
     } else {

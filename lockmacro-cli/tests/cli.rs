@@ -788,3 +788,54 @@ async fn keys_with_control_characters_are_shown_escaped_never_sent_to_the_termin
     let object = json(&lockmacro(&url, &["inspect", key, "--json"]));
     assert_eq!(object["key"], key);
 }
+
+/// Regression (issue 51): `release` said its holder gets `Lost` "at its next renewal", `--help`
+/// "within a third of its ttl"; the holder hears the forced release and its work is cancelled
+/// at once. Measured with a 60 s ttl, whose first renewal is 20 s away.
+#[tokio::test]
+async fn a_forced_release_stops_its_holder_within_a_second_as_it_says() {
+    let server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let held = locks.acquire("long:1", opts(60_000)).await.unwrap();
+    let holder = tokio::spawn(async move {
+        let outcome = held.run(std::future::pending::<()>()).await;
+        (outcome, std::time::Instant::now())
+    });
+
+    let started = std::time::Instant::now();
+    let released = lockmacro(&url, &["release", "long:1", "--force", "--yes"]);
+    let returned = std::time::Instant::now();
+    assert_eq!(
+        stdout(&released),
+        "long:1: released; its holder gets `Lost` within a second\n",
+        "{}",
+        stderr(&released)
+    );
+    let (outcome, lost_at) = tokio::time::timeout(Duration::from_secs(10), holder)
+        .await
+        .expect("the holder stopped long before its first renewal")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "{outcome:?}"
+    );
+    eprintln!(
+        "release took {:?}; the holder was stopped {:?} after it returned",
+        returned - started,
+        lost_at.saturating_duration_since(returned)
+    );
+    // Generous for two loaded cores; its next renewal would have been 20 s away.
+    assert!(
+        lost_at - started < Duration::from_secs(5),
+        "stopped after {:?}",
+        lost_at - started
+    );
+
+    let help = lockmacro(&url, &["release", "--help"]);
+    assert!(
+        stdout(&help).contains("cancelled with `Lost` within a second, whatever its ttl"),
+        "{}",
+        stdout(&help)
+    );
+}
