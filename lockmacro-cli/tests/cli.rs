@@ -839,3 +839,129 @@ async fn a_forced_release_stops_its_holder_within_a_second_as_it_says() {
         stdout(&help)
     );
 }
+
+/// stdout read as the one JSON value `--json` promises, whatever the exit status.
+fn json_value(output: &Output) -> serde_json::Value {
+    let text = stdout(output);
+    assert_eq!(text.trim_end().lines().count(), 1, "one line: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// `{"error": {"kind", "message"}}` on stdout, one line on stderr, and the exit status.
+fn assert_json_error(output: &Output, status: i32, kind: &str, what: &str) {
+    assert_exits(output, status, what);
+    let error = &json_value(output)["error"];
+    assert_eq!(error["kind"], kind, "{}", stdout(output));
+    assert!(
+        error["message"].as_str().unwrap().contains(what),
+        "{}",
+        stdout(output)
+    );
+}
+
+/// Regression (issue 51): with Redis down, `list --json` and `inspect --json` printed nothing
+/// on stdout, and `release` had no `--json`. Every command takes `--json` and prints one JSON
+/// value in every case: its answer, or `{"error": {"kind", "message"}}`, with the same exit
+/// status as without it.
+#[tokio::test]
+async fn json_is_one_value_for_every_command_and_every_outcome() {
+    let mut server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let _held = locks.acquire("json:1", opts(30_000)).await.unwrap();
+    let _other = locks.acquire("json:2", opts(30_000)).await.unwrap();
+
+    let list = lockmacro(&url, &["list", "--json"]);
+    assert_eq!(json_value(&list).as_array().unwrap().len(), 2);
+    let shown = lockmacro(&url, &["--json", "inspect", "json:1"]);
+    assert_eq!(json_value(&shown)["key"], "json:1");
+    let free = lockmacro(&url, &["inspect", "json:9", "--json"]);
+    assert_eq!(free.status.code(), Some(1));
+    assert_eq!(json_value(&free), serde_json::Value::Null);
+    let released = lockmacro(&url, &["release", "json:2", "--force", "--yes", "--json"]);
+    assert!(released.status.success(), "{}", stderr(&released));
+    assert_eq!(
+        json_value(&released),
+        serde_json::json!({"key": "json:2", "released": true})
+    );
+    let again = lockmacro(&url, &["release", "json:2", "--force", "--yes", "--json"]);
+    assert_exits(&again, 1, "not held");
+    assert_eq!(
+        json_value(&again),
+        serde_json::json!({"key": "json:2", "released": false})
+    );
+    let health = lockmacro(&url, &["health", "--json"]);
+    assert_eq!(json_value(&health)["ready"], true, "{}", stdout(&health));
+
+    // Usage errors: refused by lockmacro, by clap, a URL it cannot use.
+    let unforced = lockmacro(&url, &["release", "json:1", "--json"]);
+    assert_json_error(&unforced, 2, "usage", "without --force");
+    let no_key = lockmacro(&url, &["inspect", "--json"]);
+    assert_eq!(no_key.status.code(), Some(2), "{}", stderr(&no_key));
+    assert_eq!(json_value(&no_key)["error"]["kind"], "usage");
+    let bad_url = lockmacro(&one("http://nowhere"), &["list", "--json"]);
+    assert_json_error(&bad_url, 2, "usage", "http://nowhere");
+
+    // Redis down: every command says so in JSON, exit 3.
+    server.kill();
+    let port = format!("127.0.0.1:{}", server.port());
+    for command in [
+        &["list", "--json"][..],
+        &["inspect", "json:1", "--json"],
+        &["release", "json:1", "--force", "--yes", "--json"],
+        &["watch", "json:1", "--json"],
+    ] {
+        let down = lockmacro(&url, command);
+        assert_json_error(&down, 3, "unavailable", &port);
+    }
+    let health = lockmacro(&url, &["health", "--json"]);
+    assert_exits(&health, 3, "no server answers");
+    assert_eq!(json_value(&health)["ready"], false, "{}", stdout(&health));
+
+    // A password refused is no outage: someone must act.
+    let guarded = RedisServer::start();
+    guarded.command(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let wrong = lockmacro(
+        &one(format!("redis://:wrong@127.0.0.1:{}", guarded.port())),
+        &["list", "--json"],
+    );
+    assert_json_error(&wrong, 3, "refused", "authentication");
+    assert!(!stdout(&wrong).contains("wrong"), "{}", stdout(&wrong));
+}
+
+/// A listing cut short by Redis going away ends its array with the error, so stdout is still
+/// one JSON value (the locks listed before it, then `{"error": …}`), and exits 3.
+#[tokio::test]
+async fn a_json_listing_cut_short_ends_its_array_with_the_error() {
+    use std::io::Read;
+    let mut server = RedisServer::start();
+    // Locks as an older version wrote them (a bare token): enough for a listing of seconds.
+    server.command(&[
+        "EVAL",
+        "for i = 1, 50000 do redis.call('SET', 'many:' .. i, string.format('%032x', i), 'PX', 600000) end return 1",
+        "0",
+    ]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockmacro"))
+        .args(["--url", &server.url(), "list", "--json"])
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut printed = vec![0u8; 1];
+    out.read_exact(&mut printed).unwrap();
+    server.kill();
+    out.read_to_end(&mut printed).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let text = String::from_utf8(printed).unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{e}: …{}", &text[text.len() - 300..]));
+    let listed = listed.as_array().unwrap();
+    let (last, locks) = listed.split_last().unwrap();
+    eprintln!("{} locks listed before the error", locks.len());
+    assert!(!locks.is_empty() && locks.len() < 50_000, "{}", locks.len());
+    assert!(locks.iter().all(|lock| lock["key"].is_string()));
+    assert_eq!(last["error"]["kind"], "unavailable", "{last}");
+}
