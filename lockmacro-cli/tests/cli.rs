@@ -965,3 +965,64 @@ async fn a_json_listing_cut_short_ends_its_array_with_the_error() {
     assert!(locks.iter().all(|lock| lock["key"].is_string()));
     assert_eq!(last["error"]["kind"], "unavailable", "{last}");
 }
+
+/// Regression (issue 51): `watch` ended (status 3) when Redis restarted. It says Redis went
+/// away, follows the lock again once Redis answers, and reports what it then finds.
+#[tokio::test]
+async fn watch_follows_the_lock_again_after_redis_restarts() {
+    let mut server = RedisServer::start();
+    let url = one(server.url());
+    let watching = Watching::start(&url, &[], "restarted:1");
+    let locks = built(LockClient::builder(&server.url())).await;
+    let first = locks.acquire("restarted:1", opts(30_000)).await.unwrap();
+    assert_eq!(watching.next(), acquired(first.token()));
+
+    server.kill();
+    let lost = watching.next_json();
+    assert_eq!(lost["event"], "disconnected", "{lost}");
+    assert_eq!(lost["error"]["kind"], "unavailable", "{lost}");
+    server.restart();
+    let back = watching.next_json();
+    assert_eq!(back["event"], "reconnected", "{back}");
+    // Nothing was persisted: the restart lost the key, and the watch finds it free.
+    assert_eq!(watching.next(), freed());
+    drop(first);
+    let locks = built(LockClient::builder(&server.url())).await;
+    let second = locks.acquire("restarted:1", opts(30_000)).await.unwrap();
+    assert_eq!(watching.next(), acquired(second.token()));
+
+    let notices: Vec<String> = watching.notices.try_iter().collect();
+    assert!(
+        notices[0].contains("lost Redis while watching `restarted:1`"),
+        "{notices:?}"
+    );
+    assert!(
+        notices[1].contains("Redis answers again; following `restarted:1`"),
+        "{notices:?}"
+    );
+}
+
+/// What waiting cannot mend ends a watch: its password refused after a reconnect, it exits 3
+/// with the refusal, as `{"error": …}` under `--json`.
+#[tokio::test]
+async fn watch_ends_when_redis_refuses_its_password() {
+    let server = RedisServer::start();
+    server.command(&["ACL", "SETUSER", "ops", "on", ">right", "~*", "&*", "+@all"]);
+    let url = one(format!("redis://ops:right@127.0.0.1:{}", server.port()));
+    let mut watching = Watching::start(&url, &[], "guarded:1");
+    server.command(&["ACL", "SETUSER", "ops", "resetpass", ">changed"]);
+    server.command(&["CLIENT", "KILL", "USER", "ops"]);
+
+    let ended = loop {
+        let line = watching.next_json();
+        if line.get("event").is_none() {
+            break line;
+        }
+        assert_eq!(line["event"], "disconnected", "{line}");
+    };
+    assert_eq!(ended["error"]["kind"], "refused", "{ended}");
+    let message = ended["error"]["message"].as_str().unwrap();
+    assert!(message.contains("authentication"), "{message}");
+    assert!(!message.contains("right"), "{message}");
+    assert_eq!(watching.child.wait().unwrap().code(), Some(3));
+}
