@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use lockmacro_runtime::{Health, Holder, LockClient, LockError, LockEvent, LockInfo, LockKind};
+use lockmacro_runtime::{
+    Health, Holder, LockClient, LockError, LockEvent, LockInfo, LockKind, NodeHealth,
+};
 use serde_json::json;
 
 mod terminal;
@@ -113,8 +115,8 @@ enum Command {
         key: String,
     },
     /// Ask every server of the deployment (each Redlock master, each cluster node) whether it
-    /// answers and how fast. Exits 0 when locks can be taken, 1 when not, 3 when no server
-    /// answers.
+    /// answers and how fast, or refuses (a password, not Redis). Exits 0 when locks can be
+    /// taken, 1 when not, 3 when no server answers.
     Health,
 }
 
@@ -654,12 +656,16 @@ async fn health(locks: &LockClient, json: bool) -> Result<Done, Failure> {
             say(&mut out, line)?;
         }
     }
+    let refused = health.nodes().iter().find(|node| node.refused());
     Ok(match (health.is_ready(), health.answering()) {
         (true, _) => Done::Success,
-        (false, 0) => Done::Failure(
-            Exit::Error,
-            format!("no server answers: {}", health.verdict()),
-        ),
+        (false, 0) => match refused.and_then(NodeHealth::error) {
+            Some(why) => Done::Failure(Exit::Error, format!("refused: {why}")),
+            None => Done::Failure(
+                Exit::Error,
+                format!("no server answers: {}", health.verdict()),
+            ),
+        },
         (false, _) => Done::Failure(Exit::NotHeld, format!("not ready: {}", health.verdict())),
     })
 }
@@ -673,6 +679,7 @@ fn health_json(health: &Health) -> serde_json::Value {
                 "address": node.address(),
                 "role": node.role().to_string(),
                 "answers": node.answers(),
+                "refused": node.refused(),
                 "latency_ms": node.latency().map(|latency| latency.as_secs_f64() * 1e3),
                 "error": node.error(),
                 "slots": node.slots(),

@@ -1026,3 +1026,92 @@ async fn watch_ends_when_redis_refuses_its_password() {
     assert!(!message.contains("right"), "{message}");
     assert_eq!(watching.child.wait().unwrap().code(), Some(3));
 }
+
+/// A port that answers every connection as a web server would.
+fn http_server() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Ends with the test's process (nextest runs each test in its own).
+    std::thread::spawn(move || {
+        for mut connection in listener.incoming().map_while(Result::ok) {
+            let _ = connection.read(&mut [0u8; 1024]);
+            let _ = connection.write_all(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    port
+}
+
+/// Regression (issue 51): `health` said "the server does not answer" of a server that refused
+/// the password and of a port that speaks HTTP. It says they refuse, and why; a server that is
+/// down still "does not answer".
+#[tokio::test]
+async fn health_tells_a_refusal_from_a_server_that_does_not_answer() {
+    let guarded = RedisServer::start();
+    guarded.command(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let port = guarded.port();
+    let http = http_server();
+    for (url, why) in [
+        (format!("redis://127.0.0.1:{port}"), "requires a password"),
+        (
+            format!("redis://:wrong@127.0.0.1:{port}"),
+            "authentication to",
+        ),
+        (format!("redis://127.0.0.1:{http}"), "does not speak RESP"),
+    ] {
+        let shown = lockmacro(&one(&url), &["health"]);
+        let address = url
+            .rsplit_once('@')
+            .map_or(&url[8..], |(_, address)| address);
+        assert_exits(&shown, 3, "refused: ");
+        assert!(stderr(&shown).contains(address), "{}", stderr(&shown));
+        assert!(stderr(&shown).contains(why), "{}", stderr(&shown));
+        let text = stdout(&shown);
+        eprintln!("lockmacro --url {url} health\n{text}{}", stderr(&shown));
+        assert!(
+            text.starts_with("redis: NOT READY, the server refuses the connection\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  server  refused: ") && text.contains(why),
+            "{text}"
+        );
+        assert!(
+            !text.contains("does not answer") && !text.contains("no answer"),
+            "{text}"
+        );
+        let object = json_value(&lockmacro(&one(&url), &["health", "--json"]));
+        assert_eq!(object["verdict"], "the server refuses the connection");
+        assert_eq!(object["nodes"][0]["refused"], true, "{object}");
+    }
+
+    let down = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let shown = lockmacro(&one(format!("redis://127.0.0.1:{down}")), &["health"]);
+    assert_exits(&shown, 3, "no server answers: the server does not answer");
+    assert!(
+        stdout(&shown).contains("  server  no answer: cannot reach"),
+        "{}",
+        stdout(&shown)
+    );
+
+    // One Redlock master refusing, two answering: ready, the refusal on its line.
+    let masters: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let mut urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    urls.push(format!("redis://127.0.0.1:{port}"));
+    let shown = lockmacro(&urls, &["health"]);
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let text = stdout(&shown);
+    assert!(
+        text.starts_with("redlock: ready, 2 of 3 masters answer"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}  master  refused: ")),
+        "{text}"
+    );
+}
