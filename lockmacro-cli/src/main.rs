@@ -17,6 +17,7 @@ use lockmacro_runtime::{
 use serde_json::json;
 
 mod terminal;
+mod urls;
 use terminal::{escaped, json_line};
 
 /// Look at and clear lockmacro's Redis locks: who holds a lock, for how long, who waits; free it.
@@ -268,6 +269,9 @@ fn builder(cli: &Cli) -> Result<lockmacro_runtime::LockClientBuilder, Failure> {
         .map(|url| url.trim())
         .filter(|url| !url.is_empty())
         .collect();
+    for url in &urls {
+        urls::check(url).map_err(Failure::usage)?;
+    }
     let builder = if cli.cluster {
         LockClient::cluster_builder(&urls)
     } else if urls.len() > 1 {
