@@ -226,10 +226,9 @@ impl LockError {
     /// waiting call waits out what is transient and ends at once on the rest.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Busy { .. }
-            | Self::Lost { .. }
-            | Self::NoQuorum { .. }
-            | Self::ShutDown { .. } => true,
+            Self::Busy { .. } | Self::Lost { .. } | Self::NoQuorum { .. } | Self::ShutDown { .. } => {
+                true
+            }
             Self::Redis { source, .. } => crate::store::error_heals(source.as_ref()),
             Self::RenewalsExhausted { .. }
             | Self::NotALock { .. }
@@ -264,18 +263,13 @@ mod tests {
         use crate::store::{Refused, StoreError};
         let transient = |error: StoreError| error.into_lock_error(Some("k")).is_transient();
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert!(transient(StoreError::unavailable(
-            ::redis::RedisError::from(reset)
-        )));
+        assert!(transient(StoreError::unavailable(::redis::RedisError::from(reset))));
         let readonly = ::redis::RedisError::from((
             ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly),
             "READONLY You can't write against a read only replica.",
         ));
         assert!(transient(StoreError::unavailable(readonly)));
-        assert!(transient(StoreError::NoQuorum {
-            answered: 1,
-            needed: 2
-        }));
+        assert!(transient(StoreError::NoQuorum { answered: 1, needed: 2 }));
         let script = ::redis::RedisError::from((
             ::redis::ErrorKind::Server(::redis::ServerErrorKind::ResponseError),
             "ERR user_script:1: Script attempted to access nonexistent global variable",
@@ -286,19 +280,8 @@ mod tests {
             reason: "WRONGPASS".into(),
         };
         assert!(!transient(StoreError::unavailable(wrong_password)));
-        assert!(
-            !LockError::Config {
-                message: "bad url".into()
-            }
-            .is_transient()
-        );
-        assert!(
-            LockError::Busy {
-                key: "k".into(),
-                retry_after: None
-            }
-            .is_transient()
-        );
+        assert!(!LockError::Config { message: "bad url".into() }.is_transient());
+        assert!(LockError::Busy { key: "k".into(), retry_after: None }.is_transient());
     }
 
     #[test]
