@@ -8,11 +8,16 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockmacro_runtime::{Health, Holder, LockClient, LockError, LockEvent, LockInfo, LockKind};
+use lockmacro_runtime::{Health, Holder, LockClient, LockError, LockInfo, LockKind, NodeHealth};
 use serde_json::json;
+
+mod terminal;
+mod urls;
+mod watch;
+use terminal::{escaped, json_line};
 
 /// Look at and clear lockmacro's Redis locks: who holds a lock, for how long, who waits; free it.
 #[derive(Parser)]
@@ -44,6 +49,13 @@ struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     tls_root: Option<PathBuf>,
 
+    /// Print JSON on stdout, always one value, failures included: `list` an array, `inspect` an
+    /// object (`null` when free), `release` `{"key", "released"}`, `watch` one object per line,
+    /// `health` an object; an error is `{"error": {"kind", "message"}}` (kind `usage`,
+    /// `unavailable` or `refused`).
+    #[arg(long, global = true)]
+    json: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -54,7 +66,8 @@ Exit status:
   0  done: the lock is held (inspect), released (release), listed or watched, the deployment ready (health)
   1  not held: `inspect` of a free key, `release` of a key nobody holds (or not confirmed); `health` not ready
   2  usage: bad arguments or configuration (a malformed URL, a cluster node without --cluster)
-  3  error reaching or reading Redis (unreachable, refused, timed out, no Redlock majority)";
+  3  error reaching or reading Redis (unreachable, refused, timed out, no Redlock majority)
+With --json, stdout holds one JSON value whatever the status (an error: {\"error\": {...}}).";
 
 #[derive(Subcommand)]
 enum Command {
@@ -67,11 +80,6 @@ enum Command {
         /// Only locks whose key starts with `PREFIX:` (the attribute's `prefix`).
         #[arg(long)]
         prefix: Option<String>,
-        /// Print a JSON array of objects (`key`, `kind`, `ttl_ms`, `holders` — each with
-        /// `token_hint`, `ttl_ms`, `host`, `pid`, `app`, `acquired_at_ms` —, `waiters`,
-        /// `fencing_token`).
-        #[arg(long)]
-        json: bool,
     },
     /// Show one lock: its kind, its holders (tokens masked; the application, process id and
     /// host that took it, and when), time left, fencing counter and the callers waiting. Exits
@@ -79,15 +87,13 @@ enum Command {
     Inspect {
         /// The lock's full key, e.g. `Business1:1024`.
         key: String,
-        /// Print one JSON object (`null` when nobody holds it).
-        #[arg(long)]
-        json: bool,
     },
-    /// Remove every holder of a lock now and announce it, so waiters take it at once. Exits 1
-    /// when nobody held it.
+    /// Remove every holder of a lock now and announce it: waiters take it at once, and the
+    /// holder's work is cancelled with `Lost` within a second, whatever its ttl. Exits 1 when
+    /// nobody held it.
     ///
-    /// The holder is not stopped at once: it gets `Lost` at its next renewal (within a third of
-    /// its ttl), so its work may still run for that long.
+    /// Only a holder whose Redis user may not subscribe to lockmacro's channels (an ACL without
+    /// channel access) learns of it later, at its next renewal (within a third of its ttl).
     Release {
         /// The lock's full key.
         key: String,
@@ -100,44 +106,102 @@ enum Command {
     },
     /// Print a line each time the lock is acquired or becomes free (released, expired or
     /// forced), until interrupted.
+    ///
+    /// While Redis is away (a restart, a failover) it says so on stderr and follows the lock
+    /// again once Redis answers (looking after 0.2 s, then pauses doubling up to 5 s); only a
+    /// refusal that waiting cannot mend (a password, an ACL, not Redis) ends it, with status 3.
     Watch {
         /// The lock's full key.
         key: String,
-        /// Print one JSON object per line.
-        #[arg(long)]
-        json: bool,
     },
     /// Ask every server of the deployment (each Redlock master, each cluster node) whether it
-    /// answers and how fast. Exits 0 when locks can be taken, 1 when not, 3 when no server
-    /// answers.
-    Health {
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    /// answers and how fast, or refuses (a password, not Redis). Exits 0 when locks can be
+    /// taken, 1 when not, 3 when no server answers.
+    Health,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage(&error),
+    };
+    let json = cli.json;
+    let ended = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime,
-        Err(error) => return fail(Exit::Error, &format!("cannot start: {error}")),
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(error) => Err(Failure::new(
+            Exit::Error,
+            "unavailable",
+            format!("cannot start: {error}"),
+        )),
     };
-    match runtime.block_on(run(cli)) {
+    match ended {
         Ok(Done::Success) => ExitCode::SUCCESS,
         Ok(Done::Failure(exit, message)) => fail(exit, &message),
-        Err(error) => fail(Exit::of(&error), &error.to_string()),
+        Err(failure) => {
+            if json {
+                // Nothing else is on stdout: a listing cut short printed its error itself.
+                let _ = writeln!(std::io::stdout(), "{}", failure.json());
+            }
+            fail(failure.exit, &failure.message)
+        }
     }
 }
 
-/// How a command ended, when nothing failed.
+/// How a command ended, when nothing failed; its output (JSON included) is printed.
 enum Done {
     Success,
-    /// Exit with this status and message: a free key inspected or released, a refusal.
+    /// Exit with this status and message: a free key inspected or released, not ready.
     Failure(Exit, String),
+}
+
+/// Why a command could not do its job: the exit status, what kind of failure it is (what to do
+/// about it), and what to say.
+struct Failure {
+    exit: Exit,
+    kind: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn new(exit: Exit, kind: &'static str, message: String) -> Self {
+        Self {
+            exit,
+            kind,
+            message,
+        }
+    }
+
+    fn usage(message: String) -> Self {
+        Self::new(Exit::Usage, "usage", message)
+    }
+
+    /// `{"error": {"kind", "message"}}`: `usage` (fix the command), `unavailable` (trying again
+    /// later may succeed), `refused` (someone must act: a password, an ACL, a port that is not
+    /// Redis).
+    fn json(&self) -> String {
+        json_line(&json!({ "error": self.json_error() }))
+    }
+
+    /// `{"kind", "message"}`.
+    fn json_error(&self) -> serde_json::Value {
+        json!({"kind": self.kind, "message": self.message})
+    }
+}
+
+impl From<LockError> for Failure {
+    fn from(error: LockError) -> Self {
+        let message = error.to_string();
+        match error {
+            LockError::Config { .. }
+            | LockError::InvalidKey { .. }
+            | LockError::InvalidOptions { .. } => Self::usage(message),
+            _ if error.is_transient() => Self::new(Exit::Error, "unavailable", message),
+            _ => Self::new(Exit::Error, "refused", message),
+        }
+    }
 }
 
 /// The exit statuses other than success ([`EXIT_STATUS`]).
@@ -151,48 +215,62 @@ enum Exit {
     Error = 3,
 }
 
-impl Exit {
-    /// A configuration the arguments made is a usage error; anything else came from Redis.
-    fn of(error: &LockError) -> Self {
-        match error {
-            LockError::Config { .. }
-            | LockError::InvalidKey { .. }
-            | LockError::InvalidOptions { .. } => Self::Usage,
-            _ => Self::Error,
-        }
-    }
-}
-
 fn fail(exit: Exit, message: &str) -> ExitCode {
     // One line, whatever the error's sources say.
     let line: Vec<&str> = message.split_whitespace().collect();
-    eprintln!("lockmacro: {}", line.join(" "));
+    eprintln!("lockmacro: {}", escaped(&line.join(" ")));
     ExitCode::from(exit as u8)
 }
 
-async fn run(cli: Cli) -> Result<Done, LockError> {
-    if let Command::Health { json } = cli.command {
+/// Clap's answer to the arguments: help and version as clap prints them, and a usage error
+/// (exit 2) as clap says it, with its first line as a JSON error on stdout under `--json`.
+fn usage(error: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let json = std::env::args_os().any(|arg| arg == "--json");
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) || !json
+    {
+        error.exit();
+    }
+    let said = error.render().to_string();
+    let first = said.lines().next().unwrap_or_default();
+    let message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    let _ = writeln!(std::io::stdout(), "{}", Failure::usage(message).json());
+    let _ = error.print();
+    ExitCode::from(Exit::Usage as u8)
+}
+
+async fn run(cli: Cli) -> Result<Done, Failure> {
+    let json = cli.json;
+    if let Command::Health = cli.command {
         // Built without I/O: a deployment that does not answer is what `health` reports.
         return health(&builder(&cli)?.build_lazy()?, json).await;
     }
     let locks = builder(&cli)?.build().await?;
     match cli.command {
-        Command::List { prefix, json } => list(&locks, prefix.as_deref().unwrap_or(""), json).await,
-        Command::Inspect { key, json } => inspect(&locks, &key, json).await,
-        Command::Release { key, force, yes } => release(&locks, &key, force, yes).await,
-        Command::Watch { key, json } => watch(&locks, &key, json).await,
-        Command::Health { json } => health(&locks, json).await,
+        Command::List { prefix } => list(&locks, prefix.as_deref().unwrap_or(""), json).await,
+        Command::Inspect { key } => inspect(&locks, &key, json).await,
+        Command::Release { key, force, yes } => release(&locks, &key, force, yes, json).await,
+        Command::Watch { key } => watch::watch(&locks, &key, json).await,
+        Command::Health => health(&locks, json).await,
     }
 }
 
 /// A client builder for the deployment the arguments name.
-fn builder(cli: &Cli) -> Result<lockmacro_runtime::LockClientBuilder, LockError> {
+fn builder(cli: &Cli) -> Result<lockmacro_runtime::LockClientBuilder, Failure> {
     let urls: Vec<&str> = cli
         .url
         .iter()
         .map(|url| url.trim())
         .filter(|url| !url.is_empty())
         .collect();
+    for url in &urls {
+        urls::check(url).map_err(Failure::usage)?;
+    }
     let builder = if cli.cluster {
         LockClient::cluster_builder(&urls)
     } else if urls.len() > 1 {
@@ -205,8 +283,11 @@ fn builder(cli: &Cli) -> Result<lockmacro_runtime::LockClientBuilder, LockError>
         .connect_timeout(Duration::from_secs(2))
         .response_timeout(Duration::from_secs(5));
     if let Some(path) = &cli.tls_root {
-        let pem = std::fs::read(path).map_err(|error| LockError::Config {
-            message: format!("cannot read the TLS root `{}`: {error}", path.display()),
+        let pem = std::fs::read(path).map_err(|error| {
+            Failure::usage(format!(
+                "cannot read the TLS root `{}`: {error}",
+                path.display()
+            ))
         })?;
         builder = builder.tls_root_certificate(pem);
     }
@@ -281,34 +362,34 @@ fn as_json(lock: &LockInfo) -> serde_json::Value {
     })
 }
 
-fn written(result: std::io::Result<()>) -> Result<(), LockError> {
-    result.map_err(|error| LockError::Config {
-        message: format!("cannot write the output: {error}"),
-    })
+/// Writes one line of human output, its control characters escaped ([`escaped`]).
+fn say(out: &mut impl Write, line: &str) -> Result<(), Failure> {
+    written(writeln!(out, "{}", escaped(line)))
+}
+
+fn written(result: std::io::Result<()>) -> Result<(), Failure> {
+    result.map_err(|error| Failure::usage(format!("cannot write the output: {error}")))
 }
 
 /// Prints the locks as they are scanned: one page at a time is in memory.
-async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, LockError> {
+async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, Failure> {
     let mut out = std::io::stdout().lock();
     let mut listed = locks.list(prefix);
     let mut count = 0usize;
-    if json {
-        written(write!(out, "["))?;
-    }
     while let Some(lock) = listed.next().await {
         let lock = match lock {
             Ok(lock) => lock,
-            Err(error) => {
-                if json {
-                    // What was printed stays one JSON value; the exit status says it is cut short.
-                    written(writeln!(out, "]"))?;
-                }
-                return Err(error);
+            Err(error) if json && count > 0 => {
+                // The array is half printed: the error ends it, so stdout stays one JSON value.
+                let failure = Failure::from(error);
+                written(writeln!(out, ",{}]", failure.json()))?;
+                return Ok(Done::Failure(failure.exit, failure.message));
             }
+            Err(error) => return Err(error.into()),
         };
         if json {
-            let separator = if count == 0 { "" } else { "," };
-            written(write!(out, "{separator}{}", as_json(&lock)))?;
+            let separator = if count == 0 { "[" } else { "," };
+            written(write!(out, "{separator}{}", json_line(&as_json(&lock))))?;
         } else {
             if count == 0 {
                 written(writeln!(
@@ -323,25 +404,26 @@ async fn list(locks: &LockClient, prefix: &str, json: bool) -> Result<Done, Lock
             };
             written(writeln!(
                 out,
-                "{:40}  {:12}  {:>12}  {:>7}  {:>7}  {held_by}",
-                lock.key(),
+                "{:40}  {:12}  {:>12}  {:>7}  {:>7}  {}",
+                escaped(lock.key()),
                 kind_name(lock.kind()),
                 seconds(lock.time_left()),
                 lock.holders().len(),
-                lock.waiters()
+                lock.waiters(),
+                escaped(&held_by),
             ))?;
         }
         count += 1;
     }
     if json {
-        written(writeln!(out, "]"))?;
+        written(writeln!(out, "{}", if count == 0 { "[]" } else { "]" }))?;
     } else if count == 0 {
         written(writeln!(out, "no locks held"))?;
     }
     Ok(Done::Success)
 }
 
-async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockError> {
+async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, Failure> {
     let found = locks.inspect(key).await?;
     let mut out = std::io::stdout().lock();
     let Some(lock) = found else {
@@ -351,7 +433,7 @@ async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, Lock
         return Ok(Done::Failure(Exit::NotHeld, format!("`{key}` is not held")));
     };
     if json {
-        written(writeln!(out, "{}", as_json(&lock)))?;
+        written(writeln!(out, "{}", json_line(&as_json(&lock))))?;
         return Ok(Done::Success);
     }
     let mut lines = vec![
@@ -389,110 +471,90 @@ async fn inspect(locks: &LockClient, key: &str, json: bool) -> Result<Done, Lock
     ));
     lines.push(format!("waiters:    {}", lock.waiters()));
     for line in lines {
-        written(writeln!(out, "{line}"))?;
+        say(&mut out, &line)?;
     }
     Ok(Done::Success)
 }
 
-async fn release(locks: &LockClient, key: &str, force: bool, yes: bool) -> Result<Done, LockError> {
+async fn release(
+    locks: &LockClient,
+    key: &str,
+    force: bool,
+    yes: bool,
+    json: bool,
+) -> Result<Done, Failure> {
     if !force {
-        return Ok(Done::Failure(
-            Exit::Usage,
-            format!(
-                "refusing to release `{key}` without --force: its holder may still be working (it learns it lost the lock only at its next renewal)"
-            ),
-        ));
+        return Err(Failure::usage(format!(
+            "refusing to release `{key}` without --force: its holder's work would be cancelled with `Lost`"
+        )));
     }
+    let not_released = |why: String| {
+        if json {
+            let answer = json!({"key": key, "released": false});
+            written(writeln!(std::io::stdout(), "{}", json_line(&answer)))?;
+        }
+        Ok(Done::Failure(Exit::NotHeld, why))
+    };
+    let not_held = || format!("`{key}` is not held; nothing released");
     if !yes && std::io::stdin().is_terminal() {
         let Some(lock) = locks.inspect(key).await? else {
-            return Ok(Done::Failure(
-                Exit::NotHeld,
-                format!("`{key}` is not held; nothing released"),
-            ));
+            return not_released(not_held());
         };
         let hints: Vec<String> = lock
             .holders()
             .iter()
             .map(|holder| format!("{}…, {}", holder.token_hint(), who(holder)))
             .collect();
-        eprint!(
+        let question = format!(
             "Release `{key}` ({}, held by {})? [y/N] ",
             kind_name(lock.kind()),
             hints.join(", ")
         );
+        eprint!("{}", escaped(&question));
         let mut answer = String::new();
         if std::io::stdin().lock().read_line(&mut answer).is_err()
             || !matches!(answer.trim(), "y" | "Y" | "yes")
         {
-            return Ok(Done::Failure(Exit::NotHeld, "not released".to_owned()));
+            return not_released("not released".to_owned());
         }
     }
-    if locks.force_release(key).await? {
-        println!("{key}: released; its holder gets `Lost` at its next renewal");
-        Ok(Done::Success)
+    if !locks.force_release(key).await? {
+        return not_released(not_held());
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        let answer = json!({"key": key, "released": true});
+        written(writeln!(out, "{}", json_line(&answer)))?;
     } else {
-        Ok(Done::Failure(
-            Exit::NotHeld,
-            format!("`{key}` is not held; nothing released"),
-        ))
+        say(
+            &mut out,
+            &format!("{key}: released; its holder gets `Lost` within a second"),
+        )?;
     }
-}
-
-async fn watch(locks: &LockClient, key: &str, json: bool) -> Result<Done, LockError> {
-    let started = Instant::now();
-    eprintln!("watching `{key}` (Ctrl-C to stop)");
-    let mut events = locks.watch(key);
-    loop {
-        let event = tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(Done::Success),
-            event = events.next() => event,
-        };
-        let Some(event) = event else {
-            return Ok(Done::Success);
-        };
-        let at_ms = millis(started.elapsed());
-        let at = at_ms as f64 / 1000.0;
-        let line = match event? {
-            LockEvent::Acquired { holder, .. } if json => json!({
-                "event": "acquired",
-                "key": key,
-                "token_hint": holder.token_hint(),
-                "holder": holder_json(&holder),
-                "at_ms": at_ms,
-            })
-            .to_string(),
-            LockEvent::Acquired { token_hint, holder } => {
-                format!(
-                    "{at:9.3}s  {key}  acquired by {token_hint}…  {}",
-                    who(&holder)
-                )
-            }
-            LockEvent::Released if json => {
-                json!({"event": "released", "key": key, "at_ms": at_ms}).to_string()
-            }
-            LockEvent::Released => format!("{at:9.3}s  {key}  released"),
-            _ => continue,
-        };
-        let mut out = std::io::stdout().lock();
-        written(writeln!(out, "{line}").and_then(|()| out.flush()))?;
-    }
+    Ok(Done::Success)
 }
 
 /// Prints every server's answer; exit 0 when ready, 1 when not, 3 when none answers.
-async fn health(locks: &LockClient, json: bool) -> Result<Done, LockError> {
+async fn health(locks: &LockClient, json: bool) -> Result<Done, Failure> {
     let health = locks.health().await;
     let mut out = std::io::stdout().lock();
     if json {
-        written(writeln!(out, "{}", health_json(&health)))?;
+        written(writeln!(out, "{}", json_line(&health_json(&health))))?;
     } else {
-        written(writeln!(out, "{health}"))?;
+        for line in health.to_string().lines() {
+            say(&mut out, line)?;
+        }
     }
+    let refused = health.nodes().iter().find(|node| node.refused());
     Ok(match (health.is_ready(), health.answering()) {
         (true, _) => Done::Success,
-        (false, 0) => Done::Failure(
-            Exit::Error,
-            format!("no server answers: {}", health.verdict()),
-        ),
+        (false, 0) => match refused.and_then(NodeHealth::error) {
+            Some(why) => Done::Failure(Exit::Error, format!("refused: {why}")),
+            None => Done::Failure(
+                Exit::Error,
+                format!("no server answers: {}", health.verdict()),
+            ),
+        },
         (false, _) => Done::Failure(Exit::NotHeld, format!("not ready: {}", health.verdict())),
     })
 }
@@ -506,6 +568,7 @@ fn health_json(health: &Health) -> serde_json::Value {
                 "address": node.address(),
                 "role": node.role().to_string(),
                 "answers": node.answers(),
+                "refused": node.refused(),
                 "latency_ms": node.latency().map(|latency| latency.as_secs_f64() * 1e3),
                 "error": node.error(),
                 "slots": node.slots(),

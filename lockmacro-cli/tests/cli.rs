@@ -93,48 +93,63 @@ async fn waiter_subscribed(server: &RedisServer, key: &str) {
     panic!("nobody subscribed to {channel}");
 }
 
-/// A running `lockmacro watch --json`, its lines on a channel.
+/// A running `lockmacro watch`, its stdout and stderr lines on channels.
 struct Watching {
     child: Child,
-    lines: mpsc::Receiver<serde_json::Value>,
+    lines: mpsc::Receiver<String>,
+    notices: mpsc::Receiver<String>,
 }
 
 impl Watching {
+    /// `lockmacro watch KEY --json`, once its banner says the watch has begun.
     fn start(urls: &[String], options: &[&str], key: &str) -> Self {
+        Self::start_printing(urls, options, &[key, "--json"])
+    }
+
+    /// `lockmacro watch` with `args`, once its banner says the watch has begun.
+    fn start_printing(urls: &[String], options: &[&str], args: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_lockmacro"));
         for url in urls {
             command.arg("--url").arg(url);
         }
         let mut child = command
             .args(options)
-            .args(["watch", key, "--json"])
+            .arg("watch")
+            .args(args)
             .env_remove("REDIS_URL")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let (lines_tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = lines_tx.send(serde_json::from_str(&line).expect("a JSON line"));
-            }
-        });
-        // The banner on stderr says the watch has begun.
-        let mut banner = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut banner)
-            .unwrap();
+        let lines = lines_of(child.stdout.take().unwrap());
+        let notices = lines_of(child.stderr.take().unwrap());
+        let banner = notices
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a banner within 10 s");
         assert!(banner.contains("watching"), "{banner}");
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            notices,
+        }
+    }
+
+    /// The next line on stdout.
+    fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a line within 10 s")
+    }
+
+    /// The next line on stdout, read as JSON.
+    fn next_json(&self) -> serde_json::Value {
+        let line = self.next_line();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     }
 
     /// The next event: `acquired` with its hint, or `released`.
     fn next(&self) -> (String, Option<String>) {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(10))
-            .expect("an event within 10 s");
+        let line = self.next_json();
         (
             line["event"].as_str().unwrap().to_owned(),
             line["token_hint"].as_str().map(str::to_owned),
@@ -153,6 +168,17 @@ impl Drop for Watching {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Each line `from` prints, on a channel.
+fn lines_of(from: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    lines
 }
 
 fn acquired(token: &str) -> (String, Option<String>) {
@@ -340,9 +366,26 @@ async fn forced_release_wakes_the_waiter_and_the_holder_learns_it_lost() {
 
 #[tokio::test]
 async fn bad_urls_unreachable_servers_and_tls_on_a_plain_port_are_one_line_errors() {
-    let bad = lockmacro(&one("http://:hunter2@nowhere"), &["list"]);
-    assert_exits(&bad, 2, "URL");
-    assert!(!stderr(&bad).contains("hunter2"), "{}", stderr(&bad));
+    // Regression (issue 51): each said only "cannot use `<malformed url>`: Redis URL did not
+    // parse - InvalidClientConfig". Now the URL (password redacted), what is wrong, what to write.
+    for (url, said) in [
+        (
+            "127.0.0.1:6501",
+            "cannot use `127.0.0.1:6501`: missing scheme: write redis://127.0.0.1:6501",
+        ),
+        (
+            "http://:hunter2@nowhere",
+            "cannot use `http://:***@nowhere`: unknown scheme `http://`: write redis://",
+        ),
+        (
+            "redis://:hunter2@127.0.0.1:65536",
+            "cannot use `redis://:***@127.0.0.1:65536`: invalid port number",
+        ),
+    ] {
+        let bad = lockmacro(&one(url), &["list"]);
+        assert_exits(&bad, 2, said);
+        assert!(!stderr(&bad).contains("hunter2"), "{}", stderr(&bad));
+    }
 
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -695,4 +738,397 @@ async fn inspect_of_a_held_lock_on_each_deployment_names_its_holder() {
         let health = lockmacro(&urls, &args);
         assert_eq!(health.status.code(), Some(0), "{name}: {}", stdout(&health));
     }
+}
+
+/// Regression (issue 51): a key holding `ESC [2J ESC [31m` went raw to the terminal through
+/// `list`, `inspect`, `watch` and `release`, clearing the screen and recolouring it. Human output
+/// shows control characters as escapes; JSON keeps the key exact.
+#[tokio::test]
+async fn keys_with_control_characters_are_shown_escaped_never_sent_to_the_terminal() {
+    let server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let key = "evil\u{1b}[2J\u{1b}[31m\u{9b}0m\u{202e}:1";
+    let shown = "evil\\x1b[2J\\x1b[31m\\u{9b}0m\\u{202e}:1";
+    let raw = |output: &str| {
+        output
+            .chars()
+            .any(|c| c.is_control() && c != '\n' || c == '\u{202e}')
+    };
+    let watching = Watching::start_printing(&url, &[], &[key]);
+    let held = locks.acquire(key, opts(30_000)).await.unwrap();
+
+    let watched = watching.next_line();
+    assert!(
+        watched.contains(&format!("{shown}  acquired by ")),
+        "{watched}"
+    );
+    let outputs = [
+        lockmacro(&url, &["list"]),
+        lockmacro(&url, &["inspect", key]),
+        lockmacro(&url, &["release", key, "--force", "--yes"]),
+        lockmacro(&url, &["inspect", key]),
+    ];
+    for output in &outputs {
+        assert!(!raw(&stdout(output)), "{:?}", stdout(output));
+        assert!(!raw(&stderr(output)), "{:?}", stderr(output));
+    }
+    let [listed, inspected, released, free] = &outputs;
+    assert!(stdout(listed).contains(shown), "{}", stdout(listed));
+    assert!(
+        stdout(inspected).contains(&format!("key:        {shown}\n")),
+        "{}",
+        stdout(inspected)
+    );
+    assert!(
+        stdout(released).starts_with(&format!("{shown}: released")),
+        "{}",
+        stdout(released)
+    );
+    assert_fails_with(free, &format!("`{shown}` is not held"));
+    let watched = watching.next_line();
+    assert!(
+        watched.ends_with(&format!("{shown}  released")),
+        "{watched}"
+    );
+    assert!(!raw(&watched), "{watched:?}");
+    for notice in watching.notices.try_iter() {
+        assert!(!raw(&notice), "{notice:?}");
+    }
+    drop(held);
+
+    // JSON keeps the key exact, in escapes a terminal shows as text.
+    let _again = locks.acquire(key, opts(30_000)).await.unwrap();
+    let listed = lockmacro(&url, &["list", "--json"]);
+    assert!(!raw(&stdout(&listed)), "{:?}", stdout(&listed));
+    assert_eq!(listed_keys(&listed), [key]);
+    let object = json(&lockmacro(&url, &["inspect", key, "--json"]));
+    assert_eq!(object["key"], key);
+}
+
+/// Regression (issue 51): `release` said its holder gets `Lost` "at its next renewal", `--help`
+/// "within a third of its ttl"; the holder hears the forced release and its work is cancelled
+/// at once. Measured with a 60 s ttl, whose first renewal is 20 s away.
+#[tokio::test]
+async fn a_forced_release_stops_its_holder_within_a_second_as_it_says() {
+    let server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let held = locks.acquire("long:1", opts(60_000)).await.unwrap();
+    let holder = tokio::spawn(async move {
+        let outcome = held.run(std::future::pending::<()>()).await;
+        (outcome, std::time::Instant::now())
+    });
+
+    let started = std::time::Instant::now();
+    let released = lockmacro(&url, &["release", "long:1", "--force", "--yes"]);
+    let returned = std::time::Instant::now();
+    assert_eq!(
+        stdout(&released),
+        "long:1: released; its holder gets `Lost` within a second\n",
+        "{}",
+        stderr(&released)
+    );
+    let (outcome, lost_at) = tokio::time::timeout(Duration::from_secs(10), holder)
+        .await
+        .expect("the holder stopped long before its first renewal")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "{outcome:?}"
+    );
+    eprintln!(
+        "release took {:?}; the holder was stopped {:?} after it returned",
+        returned - started,
+        lost_at.saturating_duration_since(returned)
+    );
+    // Generous for two loaded cores; its next renewal would have been 20 s away.
+    assert!(
+        lost_at - started < Duration::from_secs(5),
+        "stopped after {:?}",
+        lost_at - started
+    );
+
+    let help = lockmacro(&url, &["release", "--help"]);
+    assert!(
+        stdout(&help).contains("cancelled with `Lost` within a second, whatever its ttl"),
+        "{}",
+        stdout(&help)
+    );
+}
+
+/// stdout read as the one JSON value `--json` promises, whatever the exit status.
+fn json_value(output: &Output) -> serde_json::Value {
+    let text = stdout(output);
+    assert_eq!(text.trim_end().lines().count(), 1, "one line: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// `{"error": {"kind", "message"}}` on stdout, one line on stderr, and the exit status.
+fn assert_json_error(output: &Output, status: i32, kind: &str, what: &str) {
+    assert_exits(output, status, what);
+    let error = &json_value(output)["error"];
+    assert_eq!(error["kind"], kind, "{}", stdout(output));
+    assert!(
+        error["message"].as_str().unwrap().contains(what),
+        "{}",
+        stdout(output)
+    );
+}
+
+/// Regression (issue 51): with Redis down, `list --json` and `inspect --json` printed nothing
+/// on stdout, and `release` had no `--json`. Every command takes `--json` and prints one JSON
+/// value in every case: its answer, or `{"error": {"kind", "message"}}`, with the same exit
+/// status as without it.
+#[tokio::test]
+async fn json_is_one_value_for_every_command_and_every_outcome() {
+    let mut server = RedisServer::start();
+    let url = one(server.url());
+    let locks = built(LockClient::builder(&server.url())).await;
+    let _held = locks.acquire("json:1", opts(30_000)).await.unwrap();
+    let _other = locks.acquire("json:2", opts(30_000)).await.unwrap();
+
+    let list = lockmacro(&url, &["list", "--json"]);
+    assert_eq!(json_value(&list).as_array().unwrap().len(), 2);
+    let shown = lockmacro(&url, &["--json", "inspect", "json:1"]);
+    assert_eq!(json_value(&shown)["key"], "json:1");
+    let free = lockmacro(&url, &["inspect", "json:9", "--json"]);
+    assert_eq!(free.status.code(), Some(1));
+    assert_eq!(json_value(&free), serde_json::Value::Null);
+    let released = lockmacro(&url, &["release", "json:2", "--force", "--yes", "--json"]);
+    assert!(released.status.success(), "{}", stderr(&released));
+    assert_eq!(
+        json_value(&released),
+        serde_json::json!({"key": "json:2", "released": true})
+    );
+    let again = lockmacro(&url, &["release", "json:2", "--force", "--yes", "--json"]);
+    assert_exits(&again, 1, "not held");
+    assert_eq!(
+        json_value(&again),
+        serde_json::json!({"key": "json:2", "released": false})
+    );
+    let health = lockmacro(&url, &["health", "--json"]);
+    assert_eq!(json_value(&health)["ready"], true, "{}", stdout(&health));
+
+    // Usage errors: refused by lockmacro, by clap, a URL it cannot use.
+    let unforced = lockmacro(&url, &["release", "json:1", "--json"]);
+    assert_json_error(&unforced, 2, "usage", "without --force");
+    let no_key = lockmacro(&url, &["inspect", "--json"]);
+    assert_eq!(no_key.status.code(), Some(2), "{}", stderr(&no_key));
+    assert_eq!(json_value(&no_key)["error"]["kind"], "usage");
+    let bad_url = lockmacro(&one("http://nowhere"), &["list", "--json"]);
+    assert_json_error(&bad_url, 2, "usage", "http://nowhere");
+
+    // Redis down: every command says so in JSON, exit 3.
+    server.kill();
+    let port = format!("127.0.0.1:{}", server.port());
+    for command in [
+        &["list", "--json"][..],
+        &["inspect", "json:1", "--json"],
+        &["release", "json:1", "--force", "--yes", "--json"],
+        &["watch", "json:1", "--json"],
+    ] {
+        let down = lockmacro(&url, command);
+        assert_json_error(&down, 3, "unavailable", &port);
+    }
+    let health = lockmacro(&url, &["health", "--json"]);
+    assert_exits(&health, 3, "no server answers");
+    assert_eq!(json_value(&health)["ready"], false, "{}", stdout(&health));
+
+    // A password refused is no outage: someone must act.
+    let guarded = RedisServer::start();
+    guarded.command(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let wrong = lockmacro(
+        &one(format!("redis://:wrong@127.0.0.1:{}", guarded.port())),
+        &["list", "--json"],
+    );
+    assert_json_error(&wrong, 3, "refused", "authentication");
+    assert!(!stdout(&wrong).contains("wrong"), "{}", stdout(&wrong));
+}
+
+/// A listing cut short by Redis going away ends its array with the error, so stdout is still
+/// one JSON value (the locks listed before it, then `{"error": …}`), and exits 3.
+#[tokio::test]
+async fn a_json_listing_cut_short_ends_its_array_with_the_error() {
+    use std::io::Read;
+    let mut server = RedisServer::start();
+    // Locks as an older version wrote them (a bare token): enough for a listing of seconds.
+    server.command(&[
+        "EVAL",
+        "for i = 1, 50000 do redis.call('SET', 'many:' .. i, string.format('%032x', i), 'PX', 600000) end return 1",
+        "0",
+    ]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockmacro"))
+        .args(["--url", &server.url(), "list", "--json"])
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut printed = vec![0u8; 1];
+    out.read_exact(&mut printed).unwrap();
+    server.kill();
+    out.read_to_end(&mut printed).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let text = String::from_utf8(printed).unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{e}: …{}", &text[text.len() - 300..]));
+    let listed = listed.as_array().unwrap();
+    let (last, locks) = listed.split_last().unwrap();
+    eprintln!("{} locks listed before the error", locks.len());
+    assert!(!locks.is_empty() && locks.len() < 50_000, "{}", locks.len());
+    assert!(locks.iter().all(|lock| lock["key"].is_string()));
+    assert_eq!(last["error"]["kind"], "unavailable", "{last}");
+}
+
+/// Regression (issue 51): `watch` ended (status 3) when Redis restarted. It says Redis went
+/// away, follows the lock again once Redis answers, and reports what it then finds.
+#[tokio::test]
+async fn watch_follows_the_lock_again_after_redis_restarts() {
+    let mut server = RedisServer::start();
+    let url = one(server.url());
+    let watching = Watching::start(&url, &[], "restarted:1");
+    let locks = built(LockClient::builder(&server.url())).await;
+    let first = locks.acquire("restarted:1", opts(30_000)).await.unwrap();
+    assert_eq!(watching.next(), acquired(first.token()));
+
+    server.kill();
+    let lost = watching.next_json();
+    assert_eq!(lost["event"], "disconnected", "{lost}");
+    assert_eq!(lost["error"]["kind"], "unavailable", "{lost}");
+    server.restart();
+    let back = watching.next_json();
+    assert_eq!(back["event"], "reconnected", "{back}");
+    // Nothing was persisted: the restart lost the key, and the watch finds it free.
+    assert_eq!(watching.next(), freed());
+    drop(first);
+    let locks = built(LockClient::builder(&server.url())).await;
+    let second = locks.acquire("restarted:1", opts(30_000)).await.unwrap();
+    assert_eq!(watching.next(), acquired(second.token()));
+
+    let notices: Vec<String> = watching.notices.try_iter().collect();
+    assert!(
+        notices[0].contains("lost Redis while watching `restarted:1`"),
+        "{notices:?}"
+    );
+    assert!(
+        notices[1].contains("Redis answers again; following `restarted:1`"),
+        "{notices:?}"
+    );
+}
+
+/// What waiting cannot mend ends a watch: its password refused after a reconnect, it exits 3
+/// with the refusal, as `{"error": …}` under `--json`.
+#[tokio::test]
+async fn watch_ends_when_redis_refuses_its_password() {
+    let server = RedisServer::start();
+    server.command(&["ACL", "SETUSER", "ops", "on", ">right", "~*", "&*", "+@all"]);
+    let url = one(format!("redis://ops:right@127.0.0.1:{}", server.port()));
+    let mut watching = Watching::start(&url, &[], "guarded:1");
+    server.command(&["ACL", "SETUSER", "ops", "resetpass", ">changed"]);
+    server.command(&["CLIENT", "KILL", "USER", "ops"]);
+
+    let ended = loop {
+        let line = watching.next_json();
+        if line.get("event").is_none() {
+            break line;
+        }
+        assert_eq!(line["event"], "disconnected", "{line}");
+    };
+    assert_eq!(ended["error"]["kind"], "refused", "{ended}");
+    let message = ended["error"]["message"].as_str().unwrap();
+    assert!(message.contains("authentication"), "{message}");
+    assert!(!message.contains("right"), "{message}");
+    assert_eq!(watching.child.wait().unwrap().code(), Some(3));
+}
+
+/// A port that answers every connection as a web server would.
+fn http_server() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Ends with the test's process (nextest runs each test in its own).
+    std::thread::spawn(move || {
+        for mut connection in listener.incoming().map_while(Result::ok) {
+            let _ = connection.read(&mut [0u8; 1024]);
+            let _ = connection.write_all(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    port
+}
+
+/// Regression (issue 51): `health` said "the server does not answer" of a server that refused
+/// the password and of a port that speaks HTTP. It says they refuse, and why; a server that is
+/// down still "does not answer".
+#[tokio::test]
+async fn health_tells_a_refusal_from_a_server_that_does_not_answer() {
+    let guarded = RedisServer::start();
+    guarded.command(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let port = guarded.port();
+    let http = http_server();
+    for (url, why) in [
+        (format!("redis://127.0.0.1:{port}"), "requires a password"),
+        (
+            format!("redis://:wrong@127.0.0.1:{port}"),
+            "authentication to",
+        ),
+        (format!("redis://127.0.0.1:{http}"), "does not speak RESP"),
+    ] {
+        let shown = lockmacro(&one(&url), &["health"]);
+        let address = url
+            .rsplit_once('@')
+            .map_or(&url[8..], |(_, address)| address);
+        assert_exits(&shown, 3, "refused: ");
+        assert!(stderr(&shown).contains(address), "{}", stderr(&shown));
+        assert!(stderr(&shown).contains(why), "{}", stderr(&shown));
+        let text = stdout(&shown);
+        eprintln!("lockmacro --url {url} health\n{text}{}", stderr(&shown));
+        assert!(
+            text.starts_with("redis: NOT READY, the server refuses the connection\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  server  refused: ") && text.contains(why),
+            "{text}"
+        );
+        assert!(
+            !text.contains("does not answer") && !text.contains("no answer"),
+            "{text}"
+        );
+        let object = json_value(&lockmacro(&one(&url), &["health", "--json"]));
+        assert_eq!(object["verdict"], "the server refuses the connection");
+        assert_eq!(object["nodes"][0]["refused"], true, "{object}");
+    }
+
+    let down = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let shown = lockmacro(&one(format!("redis://127.0.0.1:{down}")), &["health"]);
+    assert_exits(&shown, 3, "no server answers: the server does not answer");
+    assert!(
+        stdout(&shown).contains("  server  no answer: cannot reach"),
+        "{}",
+        stdout(&shown)
+    );
+
+    // One Redlock master refusing, two answering: ready, the refusal on its line.
+    let masters: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let mut urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    urls.push(format!("redis://127.0.0.1:{port}"));
+    let shown = lockmacro(&urls, &["health"]);
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let text = stdout(&shown);
+    assert!(
+        text.starts_with("redlock: ready, 2 of 3 masters answer"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}  master  refused: ")),
+        "{text}"
+    );
 }

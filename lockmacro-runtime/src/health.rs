@@ -29,10 +29,20 @@ impl Health {
         verdict: impl Into<String>,
         nodes: Vec<NodeHealth>,
     ) -> Self {
+        // A server that refused did answer: "does not answer" would send the operator looking
+        // for a network fault instead of a password.
+        let verdict = match nodes.as_slice() {
+            [] => verdict.into(),
+            [node] if node.refused() => "the server refuses the connection".to_owned(),
+            all if all.iter().all(NodeHealth::refused) => {
+                format!("all {} servers refuse the connection", all.len())
+            }
+            _ => verdict.into(),
+        };
         Self {
             deployment: deployment.into(),
             ready,
-            verdict: verdict.into(),
+            verdict,
             nodes,
         }
     }
@@ -90,6 +100,7 @@ pub struct NodeHealth {
     role: NodeRole,
     slots: Option<usize>,
     answer: Result<Duration, String>,
+    refused: bool,
 }
 
 impl NodeHealth {
@@ -100,20 +111,26 @@ impl NodeHealth {
             role,
             slots: None,
             answer: Ok(latency),
+            refused: false,
         }
     }
 
-    /// `address` in `role` did not answer, for `why`.
+    /// `address` in `role` did not answer, for `why`: refused when `why` is a store error that
+    /// waiting does not mend (a password, an ACL, a peer that is not Redis).
     pub(crate) fn silent(
         address: impl Into<String>,
         role: NodeRole,
-        why: impl fmt::Display,
+        why: impl fmt::Display + 'static,
     ) -> Self {
+        let refused = (&why as &dyn std::any::Any)
+            .downcast_ref::<crate::store::StoreError>()
+            .is_some_and(|error| !error.heals());
         Self {
             address: address.into(),
             role,
             slots: None,
             answer: Err(why.to_string()),
+            refused,
         }
     }
 
@@ -148,6 +165,12 @@ impl NodeHealth {
         self.answer.as_ref().err().map(String::as_str)
     }
 
+    /// Whether it answered but refused the connection: a wrong or missing password, an ACL, a
+    /// port that does not speak Redis's protocol. Waiting will not mend it; someone must act.
+    pub fn refused(&self) -> bool {
+        self.refused
+    }
+
     /// How many of a cluster's 16 384 slots it serves (a master's); `None` elsewhere.
     pub fn slots(&self) -> Option<usize> {
         self.slots
@@ -163,6 +186,7 @@ impl fmt::Display for NodeHealth {
         }
         match &self.answer {
             Ok(latency) => write!(f, "  answers in {:.2} ms", latency.as_secs_f64() * 1e3),
+            Err(why) if self.refused => write!(f, "  refused: {why}"),
             Err(why) => write!(f, "  no answer: {why}"),
         }
     }
