@@ -435,6 +435,17 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether looking again may succeed with nobody changing anything (see [`healing`]).
+    pub(crate) fn heals(&self) -> bool {
+        match self {
+            Self::Unavailable(source) => healing(source.as_ref()).is_some(),
+            Self::NoQuorum { .. } => true,
+            Self::Unusable(_) => false,
+        }
+    }
+}
+
 /// Why a failure may pass on its own: what a waiting call waits out, and how the metrics count
 /// its looks made again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
