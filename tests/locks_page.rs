@@ -1,17 +1,23 @@
-//! The live locks page (`lockmacro_runtime::axum::locks_page`) over plain HTTP, against a real
-//! redis-server: what it lists and how it escapes it, what it refuses (keys outside its scope,
-//! forced releases unless enabled, forged or stale requests), and the work it bounds. The
-//! browser test (`tests/locks_page_browser.rs`) drives the same page in headless Chromium.
+//! The `axum` feature over plain HTTP, against a real redis-server: the live locks page
+//! (`lockmacro_runtime::axum::locks_page`: what it lists and counts and how it escapes it, what
+//! it refuses (keys outside its scope, forced releases unless enabled, forged or stale
+//! requests), and the work it bounds), and `LockError`'s responses. The browser test
+//! (`tests/locks_page_browser.rs`) drives the same page in headless Chromium.
+
+mod common;
 
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::routing::post;
+use common::Log;
 use http_body_util::BodyExt;
-use lockmacro_runtime::axum::{LocksPage, locks_page};
-use lockmacro_runtime::{LockClient, LockOptions};
-use testkit::{Deployment, SingleRedis};
+use lockmacro_runtime::axum::{JsonLockError, LocksPage, locks_page};
+use lockmacro_runtime::{LockClient, LockError, LockOptions, redis_lock};
+use testkit::{Deployment, RedisServer, SingleRedis};
 use tower::ServiceExt;
 
 /// The page nested where an application would put it.
@@ -572,6 +578,69 @@ async fn links_work_wherever_the_page_is_mounted() {
         assert_eq!(script.status, StatusCode::OK, "{path}");
         assert!(script.body.contains("EventSource"));
     }
+}
+
+#[redis_lock(prefix = "borrow", key = user_id, client = locks)]
+async fn borrow<E: From<LockError>>(
+    State(locks): State<LockClient>,
+    Path(user_id): Path<u64>,
+) -> Result<String, E> {
+    Ok(format!("book lent to {user_id}"))
+}
+
+/// A handler answering `LockError` as text and as JSON, under `/text/{id}` and `/json/{id}`.
+fn borrowing(locks: LockClient) -> Router {
+    Router::new()
+        .route("/text/{user_id}", post(borrow::<LockError>))
+        .route("/json/{user_id}", post(borrow::<JsonLockError>))
+        .with_state(locks)
+}
+
+/// A wrong password is a mistake, not an outage: 500 without `Retry-After` (no retry helps),
+/// logged once as an error rather than warned about on every request.
+#[tokio::test]
+async fn a_refused_password_answers_500_and_is_logged_once() {
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
+    let server = RedisServer::start();
+    server.command(&["CONFIG", "SET", "requirepass", "right-pw"]);
+    let url = format!("redis://:wrong-pw@127.0.0.1:{}", server.port());
+    let app = borrowing(LockClient::builder(&url).build_lazy().unwrap());
+
+    for (n, path) in ["/text/1", "/text/2", "/json/3", "/json/4"]
+        .iter()
+        .enumerate()
+    {
+        let answer = send(&app, Request::post(*path).body(Body::empty()).unwrap()).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{path}: {}",
+            answer.body
+        );
+        assert!(answer.headers.get(header::RETRY_AFTER).is_none(), "{path}");
+        assert!(
+            !answer.body.contains("wrong-pw") && !answer.body.contains("127.0.0.1"),
+            "{}",
+            answer.body
+        );
+        if path.starts_with("/json") {
+            assert!(
+                answer.body.starts_with(r#"{"error":"misconfigured","#),
+                "{}",
+                answer.body
+            );
+        }
+        let logged: Vec<String> = log
+            .text()
+            .lines()
+            .filter(|line| line.contains("ERROR") && line.contains("answered 500"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(logged.len(), 1, "after request {}: {logged:#?}", n + 1);
+        assert!(logged[0].contains("authentication to"), "{}", logged[0]);
+    }
+    assert_eq!(log.count("WARN"), 0, "{}", log.text());
+    assert_eq!(log.count("answered 500"), 4, "the repeats at debug level");
 }
 
 /// The application name a client takes by default: this test binary's name.

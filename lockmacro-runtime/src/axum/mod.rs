@@ -1,9 +1,10 @@
 //! The `axum` feature: [`LockError`](crate::LockError) as an HTTP response, and a live locks
 //! page an application mounts under its own admin path and auth layer.
 //!
-//! - `LockError: IntoResponse`: 409 Conflict when busy (with `Retry-After` when the holder's
-//!   lease is known), 500 for the programmer's errors (`Config`, `InvalidKey`,
-//!   `InvalidOptions`, `NotALock`), 503 Service Unavailable otherwise (with `Retry-After`), as text.
+//! - `LockError: IntoResponse`: 409 Conflict when busy (with `Retry-After` when the wait can be
+//!   estimated), 500 for what needs someone to act (not [`is_transient`](crate::LockError::is_transient):
+//!   a refused password or ACL, a misconfigured lock), 503 Service Unavailable otherwise (with
+//!   `Retry-After`), as text.
 //!   [`JsonLockError`] answers the same as JSON; [`LockErrorResponse`] gives the parts for a
 //!   body of the application's own.
 //! - [`locks_page`]: a `Router` listing the locks held, with their holders, time left, fencing
