@@ -550,10 +550,15 @@ async fn next_event(body: &mut Body) -> String {
     }
 }
 
-/// Mounted at the root or under a trailing slash, the page still reaches its own routes.
+/// Mounted at the root or under a trailing slash, the page still reaches its own routes; nested
+/// as a service, it answers with and without the trailing slash.
 #[tokio::test]
 async fn links_work_wherever_the_page_is_mounted() {
     let client = LockClient::in_memory();
+    let as_service = || {
+        let admin = Router::new().nest_service("/locks", locks_page(client.clone()).router());
+        Router::new().nest("/admin", admin)
+    };
     for (app, path, base) in [
         (
             Router::new().nest("/admin/locks", locks_page(client.clone()).router()),
@@ -566,6 +571,8 @@ async fn links_work_wherever_the_page_is_mounted() {
             "",
         ),
         (locks_page(client.clone()).router(), "/", ""),
+        (as_service(), "/admin/locks", "locks/"),
+        (as_service(), "/admin/locks/", ""),
     ] {
         let page = get(&app, path).await;
         assert_eq!(page.status, StatusCode::OK, "{path}");

@@ -14,7 +14,8 @@
 //!
 //! # The locks page
 //!
-//! Routes, relative to where the application nests [`LocksPage::router`]:
+//! Routes, relative to where the application nests [`LocksPage::router`] (with
+//! `nest_service`, so that the page answers with and without a trailing slash):
 //!
 //! | route | what |
 //! |---|---|

@@ -37,7 +37,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// The live locks page over `client`, read-only, listing every lock of the client, at most 100
 /// at a time. Nest [`router`](LocksPage::router) under the application's own admin path and
-/// auth layer; the page itself checks no credentials.
+/// auth layer with `nest_service`, which serves the path with and without a trailing slash
+/// (axum 0.8's `nest` serves only the path as written); the page itself checks no credentials.
 ///
 /// ```
 /// use axum::Router;
@@ -60,7 +61,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// let locks = LockClient::builder("redis://127.0.0.1:6379").build_lazy()?;
 /// let admin = Router::new()
 ///     // Only the `borrow` and `exports` locks, and a forced release asks for confirmation.
-///     .nest(
+///     .nest_service(
 ///         "/locks",
 ///         locks_page(locks.clone())
 ///             .prefixes(["borrow", "exports"])
@@ -145,7 +146,9 @@ impl LocksPage {
         self
     }
 
-    /// The page's routes, to nest under the application's admin path and auth layer.
+    /// The page's routes, to nest under the application's admin path and auth layer:
+    /// `nest_service("/locks", page.router())` serves `…/locks` and `…/locks/` alike (links
+    /// inside the page work from either); `nest` serves only the path as written.
     pub fn router<S: Clone + Send + Sync + 'static>(self) -> Router<S> {
         let force_release = self.force_release;
         let page = Arc::new(Page {
