@@ -444,7 +444,18 @@ async fn a_refresh_is_bounded_by_the_limit_and_the_scan_budget() {
     let limited = mounted(locks_page(client.clone()).limit(5));
     let table = get(&limited, "/admin/locks/table").await;
     assert_eq!(table.body.matches("<tr data-key=").count(), 5);
-    assert!(table.body.contains("Showing the first 5 locks found"));
+    assert!(
+        table.body.contains("Showing the first 5 of 7 locks found"),
+        "{}",
+        table.body
+    );
+    assert!(
+        table
+            .body
+            .contains(r#"<b id="count-locks">7</b> locks held"#),
+        "the counts are of every lock held, not of those listed: {}",
+        table.body
+    );
     let everything = mounted(locks_page(client.clone()));
     let table = get(&everything, "/admin/locks/table").await;
     assert_eq!(table.body.matches("<tr data-key=").count(), 7);
@@ -462,7 +473,7 @@ async fn a_refresh_is_bounded_by_the_limit_and_the_scan_budget() {
     }
     let budgeted = mounted(
         locks_page(client.clone())
-            .prefixes(["absent"])
+            .prefixes(["bulk"])
             .list_budget(Duration::from_millis(1)),
     );
     let table = get(&budgeted, "/admin/locks/table").await;
@@ -471,8 +482,67 @@ async fn a_refresh_is_bounded_by_the_limit_and_the_scan_budget() {
         "{}",
         table.body
     );
+    // What it counted by then is a floor, and says so.
+    let counted = count_after(&table.body, r#"at least <b id="count-locks">"#);
+    assert!(counted <= 7, "{}", table.body);
+    assert!(
+        table.body.contains(r#"at least <b id="count-holders">"#),
+        "{}",
+        table.body
+    );
     for lease in leases {
         lease.release().await.unwrap();
+    }
+}
+
+/// The number after `before` in `html`.
+fn count_after(html: &str, before: &str) -> usize {
+    let at = html
+        .find(before)
+        .unwrap_or_else(|| panic!("no `{before}` in {html}"));
+    let digits: String = html[at + before.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// Regression: with 5 001 locks held the page said "100 locks held · 100 holders", counting
+/// the rows it listed. It counts every lock the scan finds, listing only the first `limit`.
+#[tokio::test]
+async fn the_counts_are_of_every_lock_held_not_of_the_rows_listed() {
+    use futures_util::StreamExt;
+
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let leases: Vec<_> = futures_util::stream::iter(0..5001)
+        .map(|n| {
+            let client = client.clone();
+            async move { client.acquire(&format!("bulk:{n}"), held(120)).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    // Enough budget for the whole scan on loaded cores: what is checked is what is counted.
+    let app = mounted(locks_page(client.clone()).list_budget(Duration::from_secs(60)));
+    let table = get(&app, "/admin/locks/table").await;
+    assert_eq!(table.body.matches("<tr data-key=").count(), 100);
+    assert!(
+        table.body.contains(
+            r#"<b id="count-locks">5001</b> locks held · <b id="count-holders">5001</b> holders · <b id="count-waiters">0</b> waiting"#
+        ),
+        "{}",
+        &table.body[..400]
+    );
+    assert!(
+        table
+            .body
+            .contains("Showing the first 100 of 5001 locks found"),
+        "{}",
+        &table.body[..600]
+    );
+    for lease in leases {
+        lease.unwrap().release().await.unwrap();
     }
 }
 

@@ -39,9 +39,10 @@
 //! [`refresh_every`](LocksPage::refresh_every) while its tab is visible (not at all while it
 //! is hidden), and never sooner than 20 times the last listing took, so listing keeps Redis
 //! busy at most 5% of the time per open page. A refresh is one listing:
-//! `SCAN … COUNT 1000` steps through the keyspace until [`limit`](LocksPage::limit) locks are
-//! found or [`list_budget`](LocksPage::list_budget) runs out, and one look per lock key the
-//! steps return. A live view is one watch (a subscribed connection of its own, and a look every
+//! `SCAN … COUNT 1000` steps through the keyspace until it ends or
+//! [`list_budget`](LocksPage::list_budget) runs out, and one look per lock key the steps
+//! return: every lock found is counted, the first [`limit`](LocksPage::limit) listed. The
+//! counts read "at least" when the budget ran out first. A live view is one watch (a subscribed connection of its own, and a look every
 //! [`WATCH_POLL`](crate::WATCH_POLL)), closed while its tab is hidden; at most
 //! [`live_views`](LocksPage::live_views) are open at once.
 

@@ -108,8 +108,9 @@ impl LocksPage {
         self
     }
 
-    /// At most this many locks in the table (default 100, at least 1); the page says when
-    /// there are more, and a prefix narrows the list.
+    /// At most this many locks in the table (default 100, at least 1). The counts above it are
+    /// of every lock the scan finds (within [`list_budget`](Self::list_budget)); the page says
+    /// when it lists only some, and a prefix narrows the list.
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit.max(1);
         self
@@ -122,8 +123,9 @@ impl LocksPage {
         self
     }
 
-    /// How long one listing may scan (default 500 ms): over a large keyspace where few keys
-    /// match the prefix, the page shows what it found by then and says it stopped.
+    /// How long one listing may scan (default 500 ms): over a large keyspace, or with many
+    /// locks to count, the page shows what it found by then, says it stopped, and its counts
+    /// read "at least N".
     pub fn list_budget(mut self, budget: Duration) -> Self {
         self.list_budget = budget;
         self
@@ -217,16 +219,11 @@ impl Page {
         (!self.under_scope(key)).then(|| format!("the key `{key}` is outside this page's scope"))
     }
 
-    /// The locks under `prefix` (every prefix of the scope when empty), at most `limit`, in
-    /// key order, within the listing's budget.
+    /// The locks under `prefix` (every prefix of the scope when empty): the first `limit`
+    /// found, in key order, and every one counted, as far as the scan gets within the
+    /// listing's budget.
     async fn list(&self, prefix: &str) -> Listing {
-        let mut listing = Listing {
-            locks: Vec::new(),
-            truncated: false,
-            cut_short: false,
-            error: None,
-            took: Duration::ZERO,
-        };
+        let mut listing = Listing::default();
         let prefixes: Vec<&str> = if !prefix.is_empty() || self.options.scope.is_empty() {
             vec![prefix]
         } else {
@@ -244,11 +241,10 @@ impl Page {
                     }
                     Ok(None) => break,
                     Ok(Some(Ok(lock))) => {
-                        if listing.locks.len() == self.options.limit {
-                            listing.truncated = true;
-                            break 'prefixes;
+                        listing.counted.add(&lock);
+                        if listing.locks.len() < self.options.limit {
+                            listing.locks.push(lock);
                         }
-                        listing.locks.push(lock);
                     }
                     Ok(Some(Err(error))) => {
                         listing.error = Some(error.to_string());
@@ -265,7 +261,6 @@ impl Page {
     fn table_view<'a>(&self, prefix: &'a str) -> TableView<'a> {
         TableView {
             prefix,
-            limit: self.options.limit,
             budget: self.options.list_budget,
             force_release: self.options.force_release,
         }
@@ -302,11 +297,8 @@ async fn index(
     let prefix = params.get("prefix");
     let listing = match page.refuse_prefix(prefix) {
         Some(reason) => Listing {
-            locks: Vec::new(),
-            truncated: false,
-            cut_short: false,
             error: Some(reason),
-            took: Duration::ZERO,
+            ..Listing::default()
         },
         None => page.list(prefix).await,
     };
