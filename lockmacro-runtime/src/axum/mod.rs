@@ -44,7 +44,9 @@
 //! return: every lock found is counted, the first [`limit`](LocksPage::limit) listed. The
 //! counts read "at least" when the budget ran out first. A live view is one watch (a subscribed connection of its own, and a look every
 //! [`WATCH_POLL`](crate::WATCH_POLL)), closed while its tab is hidden; at most
-//! [`live_views`](LocksPage::live_views) are open at once.
+//! [`live_views`](LocksPage::live_views) are open at once. Its answers are gzipped for a
+//! browser that accepts it (a table of 5 000 locks: 1.85 MB of HTML, 65 KB gzipped), its live
+//! events not.
 
 mod csrf;
 mod escape;
