@@ -150,31 +150,68 @@ fn row_of<'a>(html: &'a str, key: &str) -> &'a str {
     &html[start..end]
 }
 
+/// A waiter in another client is counted; once it has waited long enough to be owed the lock
+/// (a reservation, which keeps its value), the page says who it is. On Redis and in memory.
 #[tokio::test]
-async fn a_waiter_in_another_process_is_counted() {
+async fn a_waiter_in_another_process_is_counted_and_named_once_owed_the_lock() {
     let redis = SingleRedis::start();
     let client = redis.client().await;
+    let other = redis.another_client().await;
+    let table = shows_the_waiter(&client, other).await;
+    assert!(
+        table.contains(r#"<b id="count-waiters">1</b> waiting"#),
+        "{table}"
+    );
+    let in_memory = LockClient::in_memory();
+    shows_the_waiter(&in_memory, in_memory.clone()).await;
+}
+
+/// Holds `jobs:nightly` with `client` while `other` waits for it, until the page names the
+/// waiter; checks that its name is the lease it then gets. Returns the table.
+async fn shows_the_waiter(client: &LockClient, other: LockClient) -> String {
     let app = mounted(locks_page(client.clone()));
     let holder = client.acquire("jobs:nightly", held(30)).await.unwrap();
-    let other = redis.another_client().await;
     let waiting = tokio::spawn(async move {
         other
             .acquire("jobs:nightly", held(30).wait(Duration::from_secs(30)))
             .await
     });
-    redis.waiter_subscribed("jobs:nightly").await;
-
-    let table = get(&app, "/admin/locks/table").await;
-    let row = row_of(&table.body, "jobs:nightly");
-    assert!(row.contains(r#"<td class="waiters">1</td>"#), "{row}");
+    // The waiter reserves the key at a look of its own, 20 ms into its wait: watched for.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let table = loop {
+        let table = get(&app, "/admin/locks/table").await.body;
+        if row_of(&table, "jobs:nightly").contains("next: ") {
+            break table;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter not named within 10 s: {table}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let row = row_of(&table, "jobs:nightly").to_owned();
     assert!(
-        table
-            .body
-            .contains(r#"<b id="count-waiters">1</b> waiting"#)
+        row.contains(r#"<td class="waiters"><b class="count">1</b> <span class="next">next: <code class="token">"#),
+        "{row}"
     );
+    let who = format!("{} (pid {}) on ", app_name(), std::process::id());
+    assert!(row.contains(&who), "{row}");
+    assert!(row.contains(", waiting "), "{row}");
+    let info = client.inspect("jobs:nightly").await.unwrap().unwrap();
+    let next = info.reserved_for().expect("reserved for the waiter");
+    assert_eq!(next.pid(), Some(std::process::id()));
 
     holder.release().await.unwrap();
-    waiting.await.unwrap().unwrap().release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    assert!(
+        row.contains(&format!(
+            r#"next: <code class="token">{}…</code>"#,
+            &lease.token()[..4]
+        )),
+        "the waiter named is the one that got the lock: {row}"
+    );
+    lease.release().await.unwrap();
+    table
 }
 
 /// Keys are user data: a key holding markup is shown as text everywhere the page shows it,

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::escape::{html, query_value};
-use crate::{Holder, LockInfo, LockKind};
+use crate::{Holder, LockInfo, LockKind, Waiter};
 
 /// What one listing found (see `Page::list`).
 #[derive(Default)]
@@ -237,13 +237,14 @@ fn row(out: &mut String, view: &TableView<'_>, lock: &LockInfo) {
     let holders: String = lock.holders().iter().map(holder).collect();
     let _ = write!(
         out,
-        r#"<tr data-key="{key}"><td class="key"><a href="{watch}">{key}</a></td><td>{kind}</td><td><ul class="holders">{holders}</ul></td><td>{left}</td><td>{fencing}</td><td class="waiters">{waiters}</td>"#,
+        r#"<tr data-key="{key}"><td class="key"><a href="{watch}">{key}</a></td><td>{kind}</td><td><ul class="holders">{holders}</ul></td><td>{left}</td><td>{fencing}</td><td class="waiters"><b class="count">{waiters}</b>{next}</td>"#,
         kind = kind(lock.kind()),
         left = duration(lock.time_left()),
         fencing = lock
             .fencing_token()
             .map_or_else(|| "—".to_owned(), |token| token.to_string()),
         waiters = lock.waiters(),
+        next = lock.reserved_for().map(next_waiter).unwrap_or_default(),
     );
     if view.force_release {
         let hints: Vec<&str> = lock.holders().iter().map(Holder::token_hint).collect();
@@ -272,6 +273,20 @@ fn holder(holder: &Holder) -> String {
     )
 }
 
+/// The caller the lock is reserved for, after the count of waiters: the one waiter whose
+/// origin the lock's value keeps (the others are stored as bare tokens, so only counted).
+fn next_waiter(waiter: &Waiter) -> String {
+    let mut who = origin(waiter.app(), waiter.pid(), waiter.host()).unwrap_or_default();
+    if let Ok(waited) = std::time::SystemTime::now().duration_since(waiter.waiting_since()) {
+        let _ = write!(who, ", waiting {}", duration(waited));
+    }
+    format!(
+        r#" <span class="next">next: <code class="token">{}…</code> <span class="who">{}</span></span>"#,
+        html(waiter.token_hint()),
+        html(&who)
+    )
+}
+
 /// One holder in words, as the confirmation of a forced release names it.
 pub(crate) fn holder_label(holder: &Holder) -> String {
     let who = identity(holder).map_or_else(String::new, |who| format!(", {who}"));
@@ -285,19 +300,24 @@ pub(crate) fn holder_label(holder: &Holder) -> String {
 /// Who holds it and since when (`billing (pid 4242) on web-3, for 3.2 s`), when its value says:
 /// `None` for a lock an older version took.
 pub(crate) fn identity(holder: &Holder) -> Option<String> {
-    let app = holder.app()?;
-    let mut who = app.to_owned();
-    if let Some(pid) = holder.pid() {
-        let _ = write!(who, " (pid {pid})");
-    }
-    if let Some(host) = holder.host() {
-        let _ = write!(who, " on {host}");
-    }
+    let mut who = origin(holder.app(), holder.pid(), holder.host())?;
     if let Some(held) = holder
         .acquired_at()
         .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
     {
         let _ = write!(who, ", for {}", duration(held));
+    }
+    Some(who)
+}
+
+/// `billing (pid 4242) on web-3`; `None` for a value of an older version, which names nobody.
+fn origin(app: Option<&str>, pid: Option<u32>, host: Option<&str>) -> Option<String> {
+    let mut who = app?.to_owned();
+    if let Some(pid) = pid {
+        let _ = write!(who, " (pid {pid})");
+    }
+    if let Some(host) = host {
+        let _ = write!(who, " on {host}");
     }
     Some(who)
 }
