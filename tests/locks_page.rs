@@ -822,6 +822,89 @@ async fn a_refused_password_answers_500_and_is_logged_once() {
     assert_eq!(log.count("answered 500"), 4, "the repeats at debug level");
 }
 
+#[derive(Clone)]
+struct Queue {
+    locks: LockClient,
+    /// Told when a request holds the lock.
+    entered: tokio::sync::mpsc::UnboundedSender<()>,
+    /// One permit lets one holder finish.
+    go: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// Waits up to 20 s for the lock, then holds it until the test lets it go.
+#[redis_lock(prefix = "queue", key = id, client = queue.locks, ttl = 30, wait = 20)]
+async fn queue_up(State(queue): State<Queue>, Path(id): Path<u64>) -> Result<String, LockError> {
+    let _ = queue.entered.send(());
+    queue.go.acquire().await.unwrap().forget();
+    Ok(format!("done {id}"))
+}
+
+/// Fails fast when the lock is busy.
+#[redis_lock(prefix = "queue", key = id, client = queue.locks, ttl = 30)]
+async fn peek(State(queue): State<Queue>, Path(id): Path<u64>) -> Result<String, LockError> {
+    Ok(format!("peeked {id}"))
+}
+
+/// Regression: a 409 said `Retry-After: 3`, the lease, for work that takes 0.5 s. The hint is
+/// `Busy`'s `retry_after`, the engine's estimate: once waiters of the key have been served, how
+/// fast they were served (rounded up to whole seconds, at least 1), not the lease; before, with
+/// nothing observed, the holder's remaining lease.
+#[tokio::test]
+async fn a_409_retry_after_follows_how_fast_the_lock_changes_hands() {
+    let server = RedisServer::start();
+    let locks = LockClient::connect(&server.url()).await.unwrap();
+    let (entered, mut holding) = tokio::sync::mpsc::unbounded_channel();
+    let queue = Queue {
+        locks: locks.clone(),
+        entered,
+        go: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let app = Router::new()
+        .route("/queue/{id}", post(queue_up))
+        .route("/peek/{id}", post(peek))
+        .with_state(queue.clone());
+    let call = |path: &'static str| {
+        app.clone()
+            .oneshot(Request::post(path).body(Body::empty()).unwrap())
+    };
+    let callers: Vec<_> = (0..5).map(|_| tokio::spawn(call("/queue/1"))).collect();
+    holding.recv().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while locks.inspect("queue:1").await.unwrap().unwrap().waiters() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "4 waiters not counted within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let retry_after = |response: axum::response::Response| {
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        response.headers()[header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    // Nobody served yet: the holder's lease (30 s) is all there is to go by.
+    assert_eq!(retry_after(call("/peek/1").await.unwrap()), "30");
+
+    // Three waiters served one after another, each as soon as the one before let go; one still
+    // waits, so what was observed stays (Redis forgets it a second after the last waiter).
+    for _ in 0..3 {
+        queue.go.add_permits(1);
+        holding.recv().await.unwrap();
+    }
+    assert_eq!(
+        retry_after(call("/peek/1").await.unwrap()),
+        "1",
+        "how fast the last holders were served, not the 30 s lease"
+    );
+
+    queue.go.add_permits(2);
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+}
+
 /// The application name a client takes by default: this test binary's name.
 fn app_name() -> String {
     let exe = std::env::current_exe().expect("the test binary's path");

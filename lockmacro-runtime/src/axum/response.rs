@@ -161,8 +161,9 @@ impl LockErrorResponse {
         &self.message
     }
 
-    /// When to try again: the holder's lease when a 409's wait learned it,
-    /// [`UNAVAILABLE_RETRY_AFTER`] for a 503, none for a 500.
+    /// When to try again: for a 409, `Busy`'s `retry_after` (how fast the key's waiters have
+    /// lately been served, times those ahead, when Redis observed it; else the holder's
+    /// remaining lease); [`UNAVAILABLE_RETRY_AFTER`] for a 503; none for a 500.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
