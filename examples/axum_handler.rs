@@ -77,7 +77,8 @@ fn app(state: AppState, admin_authorization: Option<String>) -> Router {
         return app;
     };
     let admin = Router::new()
-        .nest(
+        // `nest_service`: `/admin/locks` and `/admin/locks/` both answer.
+        .nest_service(
             "/locks",
             locks_page(state.locks)
                 .prefixes(["borrow"])

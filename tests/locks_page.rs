@@ -1,17 +1,23 @@
-//! The live locks page (`lockmacro_runtime::axum::locks_page`) over plain HTTP, against a real
-//! redis-server: what it lists and how it escapes it, what it refuses (keys outside its scope,
-//! forced releases unless enabled, forged or stale requests), and the work it bounds. The
-//! browser test (`tests/locks_page_browser.rs`) drives the same page in headless Chromium.
+//! The `axum` feature over plain HTTP, against a real redis-server: the live locks page
+//! (`lockmacro_runtime::axum::locks_page`: what it lists and counts and how it escapes it, what
+//! it refuses (keys outside its scope, forced releases unless enabled, forged or stale
+//! requests), and the work it bounds), and `LockError`'s responses. The browser test
+//! (`tests/locks_page_browser.rs`) drives the same page in headless Chromium.
+
+mod common;
 
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::routing::post;
+use common::Log;
 use http_body_util::BodyExt;
-use lockmacro_runtime::axum::{LocksPage, locks_page};
-use lockmacro_runtime::{LockClient, LockOptions};
-use testkit::{Deployment, SingleRedis};
+use lockmacro_runtime::axum::{JsonLockError, LocksPage, locks_page};
+use lockmacro_runtime::{LockClient, LockError, LockOptions, redis_lock};
+use testkit::{Deployment, RedisServer, SingleRedis};
 use tower::ServiceExt;
 
 /// The page nested where an application would put it.
@@ -144,31 +150,68 @@ fn row_of<'a>(html: &'a str, key: &str) -> &'a str {
     &html[start..end]
 }
 
+/// A waiter in another client is counted; once it has waited long enough to be owed the lock
+/// (a reservation, which keeps its value), the page says who it is. On Redis and in memory.
 #[tokio::test]
-async fn a_waiter_in_another_process_is_counted() {
+async fn a_waiter_in_another_process_is_counted_and_named_once_owed_the_lock() {
     let redis = SingleRedis::start();
     let client = redis.client().await;
+    let other = redis.another_client().await;
+    let table = shows_the_waiter(&client, other).await;
+    assert!(
+        table.contains(r#"<b id="count-waiters">1</b> waiting"#),
+        "{table}"
+    );
+    let in_memory = LockClient::in_memory();
+    shows_the_waiter(&in_memory, in_memory.clone()).await;
+}
+
+/// Holds `jobs:nightly` with `client` while `other` waits for it, until the page names the
+/// waiter; checks that its name is the lease it then gets. Returns the table.
+async fn shows_the_waiter(client: &LockClient, other: LockClient) -> String {
     let app = mounted(locks_page(client.clone()));
     let holder = client.acquire("jobs:nightly", held(30)).await.unwrap();
-    let other = redis.another_client().await;
     let waiting = tokio::spawn(async move {
         other
             .acquire("jobs:nightly", held(30).wait(Duration::from_secs(30)))
             .await
     });
-    redis.waiter_subscribed("jobs:nightly").await;
-
-    let table = get(&app, "/admin/locks/table").await;
-    let row = row_of(&table.body, "jobs:nightly");
-    assert!(row.contains(r#"<td class="waiters">1</td>"#), "{row}");
+    // The waiter reserves the key at a look of its own, 20 ms into its wait: watched for.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let table = loop {
+        let table = get(&app, "/admin/locks/table").await.body;
+        if row_of(&table, "jobs:nightly").contains("next: ") {
+            break table;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter not named within 10 s: {table}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let row = row_of(&table, "jobs:nightly").to_owned();
     assert!(
-        table
-            .body
-            .contains(r#"<b id="count-waiters">1</b> waiting"#)
+        row.contains(r#"<td class="waiters"><b class="count">1</b> <span class="next">next: <code class="token">"#),
+        "{row}"
     );
+    let who = format!("{} (pid {}) on ", app_name(), std::process::id());
+    assert!(row.contains(&who), "{row}");
+    assert!(row.contains(", waiting "), "{row}");
+    let info = client.inspect("jobs:nightly").await.unwrap().unwrap();
+    let next = info.reserved_for().expect("reserved for the waiter");
+    assert_eq!(next.pid(), Some(std::process::id()));
 
     holder.release().await.unwrap();
-    waiting.await.unwrap().unwrap().release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    assert!(
+        row.contains(&format!(
+            r#"next: <code class="token">{}…</code>"#,
+            &lease.token()[..4]
+        )),
+        "the waiter named is the one that got the lock: {row}"
+    );
+    lease.release().await.unwrap();
+    table
 }
 
 /// Keys are user data: a key holding markup is shown as text everywhere the page shows it,
@@ -438,7 +481,18 @@ async fn a_refresh_is_bounded_by_the_limit_and_the_scan_budget() {
     let limited = mounted(locks_page(client.clone()).limit(5));
     let table = get(&limited, "/admin/locks/table").await;
     assert_eq!(table.body.matches("<tr data-key=").count(), 5);
-    assert!(table.body.contains("Showing the first 5 locks found"));
+    assert!(
+        table.body.contains("Showing the first 5 of 7 locks found"),
+        "{}",
+        table.body
+    );
+    assert!(
+        table
+            .body
+            .contains(r#"<b id="count-locks">7</b> locks held"#),
+        "the counts are of every lock held, not of those listed: {}",
+        table.body
+    );
     let everything = mounted(locks_page(client.clone()));
     let table = get(&everything, "/admin/locks/table").await;
     assert_eq!(table.body.matches("<tr data-key=").count(), 7);
@@ -456,7 +510,7 @@ async fn a_refresh_is_bounded_by_the_limit_and_the_scan_budget() {
     }
     let budgeted = mounted(
         locks_page(client.clone())
-            .prefixes(["absent"])
+            .prefixes(["bulk"])
             .list_budget(Duration::from_millis(1)),
     );
     let table = get(&budgeted, "/admin/locks/table").await;
@@ -465,6 +519,130 @@ async fn a_refresh_is_bounded_by_the_limit_and_the_scan_budget() {
         "{}",
         table.body
     );
+    // What it counted by then is a floor, and says so.
+    let counted = count_after(&table.body, r#"at least <b id="count-locks">"#);
+    assert!(counted <= 7, "{}", table.body);
+    assert!(
+        table.body.contains(r#"at least <b id="count-holders">"#),
+        "{}",
+        table.body
+    );
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}
+
+/// The number after `before` in `html`.
+fn count_after(html: &str, before: &str) -> usize {
+    let at = html
+        .find(before)
+        .unwrap_or_else(|| panic!("no `{before}` in {html}"));
+    let digits: String = html[at + before.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// Regression: with 5 001 locks held the page said "100 locks held · 100 holders", counting
+/// the rows it listed. It counts every lock the scan finds, listing only the first `limit`.
+#[tokio::test]
+async fn the_counts_are_of_every_lock_held_not_of_the_rows_listed() {
+    use futures_util::StreamExt;
+
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let leases: Vec<_> = futures_util::stream::iter(0..5001)
+        .map(|n| {
+            let client = client.clone();
+            async move { client.acquire(&format!("bulk:{n}"), held(120)).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    // Enough budget for the whole scan on loaded cores: what is checked is what is counted.
+    let app = mounted(locks_page(client.clone()).list_budget(Duration::from_secs(60)));
+    let table = get(&app, "/admin/locks/table").await;
+    assert_eq!(table.body.matches("<tr data-key=").count(), 100);
+    assert!(
+        table.body.contains(
+            r#"<b id="count-locks">5001</b> locks held · <b id="count-holders">5001</b> holders · <b id="count-waiters">0</b> waiting"#
+        ),
+        "{}",
+        &table.body[..400]
+    );
+    assert!(
+        table
+            .body
+            .contains("Showing the first 100 of 5001 locks found"),
+        "{}",
+        &table.body[..600]
+    );
+    for lease in leases {
+        lease.unwrap().release().await.unwrap();
+    }
+}
+
+/// Regression: a refresh at a limit of 5 000 was 1.76 MB of HTML, uncompressed. A browser that
+/// accepts gzip gets it gzipped; the live view's events are never held back to be compressed.
+#[tokio::test]
+async fn a_browser_that_accepts_gzip_gets_the_table_gzipped() {
+    use std::io::Read;
+
+    let redis = SingleRedis::start();
+    let client = redis.client().await;
+    let mut leases = Vec::new();
+    for n in 0..300 {
+        leases.push(
+            client
+                .acquire(&format!("bulk:{n}"), held(60))
+                .await
+                .unwrap(),
+        );
+    }
+    let app = mounted(locks_page(client.clone()).limit(300));
+    let plain = get(&app, "/admin/locks/table").await;
+    assert!(plain.headers.get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(plain.body.matches("<tr data-key=").count(), 300);
+
+    let request = Request::get("/admin/locks/table")
+        .header(header::ACCEPT_ENCODING, "gzip")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()[header::CONTENT_ENCODING], "gzip");
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/html; charset=utf-8"
+    );
+    let gzipped = response.into_body().collect().await.unwrap().to_bytes();
+    let mut html = String::new();
+    flate2::read::GzDecoder::new(&gzipped[..])
+        .read_to_string(&mut html)
+        .expect("a gzip body");
+    assert_eq!(html.matches("<tr data-key=").count(), 300);
+    assert!(
+        gzipped.len() * 4 < plain.body.len(),
+        "{} bytes gzipped, {} plain",
+        gzipped.len(),
+        plain.body.len()
+    );
+    eprintln!(
+        "table of 300 locks: {} bytes, {} gzipped",
+        plain.body.len(),
+        gzipped.len()
+    );
+
+    let request = Request::get("/admin/locks/events?key=bulk:0")
+        .header(header::ACCEPT_ENCODING, "gzip")
+        .body(Body::empty())
+        .unwrap();
+    let events = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(events.headers()[header::CONTENT_TYPE], "text/event-stream");
+    assert!(events.headers().get(header::CONTENT_ENCODING).is_none());
+    let mut body = events.into_body();
+    assert!(next_event(&mut body).await.starts_with("event: acquired\n"));
     for lease in leases {
         lease.release().await.unwrap();
     }
@@ -544,10 +722,15 @@ async fn next_event(body: &mut Body) -> String {
     }
 }
 
-/// Mounted at the root or under a trailing slash, the page still reaches its own routes.
+/// Mounted at the root or under a trailing slash, the page still reaches its own routes; nested
+/// as a service, it answers with and without the trailing slash.
 #[tokio::test]
 async fn links_work_wherever_the_page_is_mounted() {
     let client = LockClient::in_memory();
+    let as_service = || {
+        let admin = Router::new().nest_service("/locks", locks_page(client.clone()).router());
+        Router::new().nest("/admin", admin)
+    };
     for (app, path, base) in [
         (
             Router::new().nest("/admin/locks", locks_page(client.clone()).router()),
@@ -560,6 +743,8 @@ async fn links_work_wherever_the_page_is_mounted() {
             "",
         ),
         (locks_page(client.clone()).router(), "/", ""),
+        (as_service(), "/admin/locks", "locks/"),
+        (as_service(), "/admin/locks/", ""),
     ] {
         let page = get(&app, path).await;
         assert_eq!(page.status, StatusCode::OK, "{path}");
@@ -571,6 +756,152 @@ async fn links_work_wherever_the_page_is_mounted() {
         let script = get(&app, &script).await;
         assert_eq!(script.status, StatusCode::OK, "{path}");
         assert!(script.body.contains("EventSource"));
+    }
+}
+
+#[redis_lock(prefix = "borrow", key = user_id, client = locks)]
+async fn borrow<E: From<LockError>>(
+    State(locks): State<LockClient>,
+    Path(user_id): Path<u64>,
+) -> Result<String, E> {
+    Ok(format!("book lent to {user_id}"))
+}
+
+/// A handler answering `LockError` as text and as JSON, under `/text/{id}` and `/json/{id}`.
+fn borrowing(locks: LockClient) -> Router {
+    Router::new()
+        .route("/text/{user_id}", post(borrow::<LockError>))
+        .route("/json/{user_id}", post(borrow::<JsonLockError>))
+        .with_state(locks)
+}
+
+/// A wrong password is a mistake, not an outage: 500 without `Retry-After` (no retry helps),
+/// logged once as an error rather than warned about on every request.
+#[tokio::test]
+async fn a_refused_password_answers_500_and_is_logged_once() {
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
+    let server = RedisServer::start();
+    server.command(&["CONFIG", "SET", "requirepass", "right-pw"]);
+    let url = format!("redis://:wrong-pw@127.0.0.1:{}", server.port());
+    let app = borrowing(LockClient::builder(&url).build_lazy().unwrap());
+
+    for (n, path) in ["/text/1", "/text/2", "/json/3", "/json/4"]
+        .iter()
+        .enumerate()
+    {
+        let answer = send(&app, Request::post(*path).body(Body::empty()).unwrap()).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{path}: {}",
+            answer.body
+        );
+        assert!(answer.headers.get(header::RETRY_AFTER).is_none(), "{path}");
+        assert!(
+            !answer.body.contains("wrong-pw") && !answer.body.contains("127.0.0.1"),
+            "{}",
+            answer.body
+        );
+        if path.starts_with("/json") {
+            assert!(
+                answer.body.starts_with(r#"{"error":"misconfigured","#),
+                "{}",
+                answer.body
+            );
+        }
+        let logged: Vec<String> = log
+            .text()
+            .lines()
+            .filter(|line| line.contains("ERROR") && line.contains("answered 500"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(logged.len(), 1, "after request {}: {logged:#?}", n + 1);
+        assert!(logged[0].contains("authentication to"), "{}", logged[0]);
+    }
+    assert_eq!(log.count("WARN"), 0, "{}", log.text());
+    assert_eq!(log.count("answered 500"), 4, "the repeats at debug level");
+}
+
+#[derive(Clone)]
+struct Queue {
+    locks: LockClient,
+    /// Told when a request holds the lock.
+    entered: tokio::sync::mpsc::UnboundedSender<()>,
+    /// One permit lets one holder finish.
+    go: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// Waits up to 20 s for the lock, then holds it until the test lets it go.
+#[redis_lock(prefix = "queue", key = id, client = queue.locks, ttl = 30, wait = 20)]
+async fn queue_up(State(queue): State<Queue>, Path(id): Path<u64>) -> Result<String, LockError> {
+    let _ = queue.entered.send(());
+    queue.go.acquire().await.unwrap().forget();
+    Ok(format!("done {id}"))
+}
+
+/// Fails fast when the lock is busy.
+#[redis_lock(prefix = "queue", key = id, client = queue.locks, ttl = 30)]
+async fn peek(State(queue): State<Queue>, Path(id): Path<u64>) -> Result<String, LockError> {
+    Ok(format!("peeked {id}"))
+}
+
+/// Regression: a 409 said `Retry-After: 3`, the lease, for work that takes 0.5 s. The hint is
+/// `Busy`'s `retry_after`, the engine's estimate: once waiters of the key have been served, how
+/// fast they were served (rounded up to whole seconds, at least 1), not the lease; before, with
+/// nothing observed, the holder's remaining lease.
+#[tokio::test]
+async fn a_409_retry_after_follows_how_fast_the_lock_changes_hands() {
+    let server = RedisServer::start();
+    let locks = LockClient::connect(&server.url()).await.unwrap();
+    let (entered, mut holding) = tokio::sync::mpsc::unbounded_channel();
+    let queue = Queue {
+        locks: locks.clone(),
+        entered,
+        go: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let app = Router::new()
+        .route("/queue/{id}", post(queue_up))
+        .route("/peek/{id}", post(peek))
+        .with_state(queue.clone());
+    let call = |path: &'static str| {
+        app.clone()
+            .oneshot(Request::post(path).body(Body::empty()).unwrap())
+    };
+    let callers: Vec<_> = (0..5).map(|_| tokio::spawn(call("/queue/1"))).collect();
+    holding.recv().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while locks.inspect("queue:1").await.unwrap().unwrap().waiters() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "4 waiters not counted within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let retry_after = |response: axum::response::Response| {
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        response.headers()[header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    // Nobody served yet: the holder's lease (30 s) is all there is to go by.
+    assert_eq!(retry_after(call("/peek/1").await.unwrap()), "30");
+
+    // Three waiters served one after another, each as soon as the one before let go; one still
+    // waits, so what was observed stays (Redis forgets it a second after the last waiter).
+    for _ in 0..3 {
+        queue.go.add_permits(1);
+        holding.recv().await.unwrap();
+    }
+    assert_eq!(
+        retry_after(call("/peek/1").await.unwrap()),
+        "1",
+        "how fast the last holders were served, not the 30 s lease"
+    );
+
+    queue.go.add_permits(2);
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap().status(), StatusCode::OK);
     }
 }
 

@@ -1,9 +1,10 @@
 //! The live locks page in a real browser: headless Chromium, driven through chromedriver
 //! (WebDriver), against an app serving the page over a real redis-server. Locks are taken and
 //! released by clients of their own; the test checks what the browser shows: rows that appear
-//! and go without a reload, a waiter counted, the live view's events, a forced release asked
-//! for and confirmed, and no release button on a read-only page. It keeps a screenshot at
-//! `target/locks-page.png`.
+//! and go without a reload, a waiter counted and named, the live view's events, a forced
+//! release asked for and confirmed, and, on a read-only page mounted as a service and opened
+//! with a trailing slash, no release button, counts of every lock held while only some are
+//! listed, and tables that arrive gzipped. It keeps a screenshot at `target/locks-page.png`.
 //!
 //! Needs `chromium` and `chromedriver` (Debian's `chromium` and `chromium-driver`;
 //! `scripts/test.sh` installs them), or their paths in `CHROMIUM` and `CHROMEDRIVER`.
@@ -193,7 +194,13 @@ async fn the_locks_page_in_chromium() {
                 .refresh_every(Duration::from_millis(500))
                 .router(),
         )
-        .nest("/readonly/locks", locks_page(client.clone()).router());
+        .nest_service(
+            "/readonly/locks",
+            locks_page(client.clone())
+                .limit(2)
+                .refresh_every(Duration::from_millis(500))
+                .router(),
+        );
     let address = serve(app).await;
     let driver = ChromeDriver::start();
     let profile = std::env::temp_dir().join(format!("lockmacro-chromium-{}", std::process::id()));
@@ -244,9 +251,15 @@ async fn the_locks_page_in_chromium() {
         "the key's markup ran"
     );
 
-    // The waiter in the other client is counted.
+    // The waiter in the other client is counted, and named once it is owed the lock (it
+    // reserves it 20 ms into its wait).
     let waiters = format!("{} td.waiters", row("jobs:nightly"));
-    until_text(&browser, &waiters, |count| count == "1").await;
+    until_text(&browser, &format!("{waiters} .count"), |count| count == "1").await;
+    let next = until_text(&browser, &format!("{waiters} .next"), |_| true).await;
+    assert!(
+        next.starts_with("next: ") && next.contains(&format!("(pid {}) on ", std::process::id())),
+        "{next}"
+    );
 
     // Rows and counts change without a reload: a mark set in the page survives them.
     browser
@@ -312,17 +325,42 @@ async fn the_locks_page_in_chromium() {
     assert!(client.inspect("orders:1").await.unwrap().is_none());
     until_gone(&browser, &orders_1).await;
 
-    // Read-only, the same locks show with nothing to release.
+    // Read-only, with a trailing slash, limited to 2 rows: the same locks with nothing to
+    // release, counted all (reports:q3, the markup key, jobs:nightly, orders:2), 2 listed.
     browser
-        .goto(&format!("http://{address}/readonly/locks"))
+        .goto(&format!("http://{address}/readonly/locks/"))
         .await
         .unwrap();
-    until_text(&browser, &row("jobs:nightly"), |_| true).await;
+    until_text(&browser, "#count-locks", |count| count == "4").await;
+    until_text(&browser, "#truncated", |note| {
+        note.starts_with("Showing the first 2 of 4 locks found")
+    })
+    .await;
+    let rows = browser
+        .find_all(Locator::Css("tr[data-key]"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2);
     let buttons = browser
         .find_all(Locator::Css("button.release"))
         .await
         .unwrap();
     assert!(buttons.is_empty(), "a read-only page offers a release");
+    // Its refreshes (under the trailing slash) count a lock taken since, and come gzipped.
+    let extra = client.acquire("orders:4", held()).await.unwrap();
+    until_text(&browser, "#count-locks", |count| count == "5").await;
+    extra.release().await.unwrap();
+    assert!(
+        script_is_true(
+            &browser,
+            r#"performance.getEntriesByType("resource").some((entry) =>
+                entry.name.includes("/readonly/locks/table")
+                && entry.encodedBodySize > 0
+                && entry.encodedBodySize * 2 < entry.decodedBodySize)"#
+        )
+        .await,
+        "the table's refreshes were not compressed"
+    );
 
     browser.close().await.unwrap();
     drop(driver);
@@ -331,7 +369,12 @@ async fn the_locks_page_in_chromium() {
     for lease in readers.into_iter().chain([marked, followed, nightly]) {
         lease.release().await.unwrap();
     }
-    waiter.await.unwrap().unwrap().release().await.unwrap();
+    let waited = waiter.await.unwrap().unwrap();
+    assert!(
+        next.starts_with(&format!("next: {}…", hint(&waited))),
+        "the waiter named is the one that got the lock: {next}"
+    );
+    waited.release().await.unwrap();
 }
 
 /// Clicks `button` (found again if a refresh replaced it) and returns the confirmation's text.

@@ -37,6 +37,7 @@ pub struct LockInfo {
     holders: Vec<Holder>,
     fencing_token: Option<u64>,
     waiters: usize,
+    reserved_for: Option<Waiter>,
 }
 
 impl LockInfo {
@@ -82,6 +83,16 @@ impl LockInfo {
         self.waiters
     }
 
+    /// The caller the lock is reserved for, when one is: a caller waiting for an exclusive,
+    /// unfair lock that has waited longer than
+    /// [`protocol::STARVING_AFTER`](crate::protocol::STARVING_AFTER) reserves it, and the next
+    /// release hands it the key. The one waiter whose origin the stored protocol keeps; the
+    /// others are only counted ([`waiters`](Self::waiters)). On Redlock, the caller a majority
+    /// of the masters reserve it for.
+    pub fn reserved_for(&self) -> Option<&Waiter> {
+        self.reserved_for.as_ref()
+    }
+
     fn from_snapshot(snapshot: Snapshot) -> Self {
         let mut holders: Vec<Holder> = snapshot
             .holders
@@ -95,7 +106,52 @@ impl LockInfo {
             holders,
             fencing_token: snapshot.fencing,
             waiters: snapshot.waiters,
+            reserved_for: snapshot
+                .reserved_for
+                .map(|(value, since_ms)| Waiter::of_value(&value, since_ms)),
         }
+    }
+}
+
+/// A caller waiting for a lock, as far as the lock's stored value says who it is: see
+/// [`LockInfo::reserved_for`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    who: Holder,
+    waiting_since: SystemTime,
+}
+
+impl Waiter {
+    fn of_value(value: &str, since_ms: u64) -> Self {
+        Self {
+            who: Holder::of_value(value, Duration::ZERO),
+            waiting_since: SystemTime::UNIX_EPOCH + Duration::from_millis(since_ms),
+        }
+    }
+
+    /// At most the first 4 characters of its token: its lease's token once it holds the lock.
+    pub fn token_hint(&self) -> &str {
+        self.who.token_hint()
+    }
+
+    /// The host it runs on.
+    pub fn host(&self) -> Option<&str> {
+        self.who.host()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.who.pid()
+    }
+
+    /// Its application name.
+    pub fn app(&self) -> Option<&str> {
+        self.who.app()
+    }
+
+    /// When it began waiting, by its own clock.
+    pub fn waiting_since(&self) -> SystemTime {
+        self.waiting_since
     }
 }
 

@@ -124,7 +124,7 @@ pub use context::LockContext;
 pub use default_client::{default_client, set_default_client};
 pub use error::{LockError, LostReason};
 pub use health::{Health, NodeHealth, NodeRole};
-pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL};
+pub use inspect::{Holder, LockEvent, LockInfo, LockStream, WATCH_POLL, Waiter};
 pub use key::{MAX_KEY_LEN, MAX_KEYS};
 pub use lease::Lease;
 #[doc(inline)]

@@ -37,7 +37,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// The live locks page over `client`, read-only, listing every lock of the client, at most 100
 /// at a time. Nest [`router`](LocksPage::router) under the application's own admin path and
-/// auth layer; the page itself checks no credentials.
+/// auth layer with `nest_service`, which serves the path with and without a trailing slash
+/// (axum 0.8's `nest` serves only the path as written); the page itself checks no credentials.
 ///
 /// ```
 /// use axum::Router;
@@ -60,7 +61,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// let locks = LockClient::builder("redis://127.0.0.1:6379").build_lazy()?;
 /// let admin = Router::new()
 ///     // Only the `borrow` and `exports` locks, and a forced release asks for confirmation.
-///     .nest(
+///     .nest_service(
 ///         "/locks",
 ///         locks_page(locks.clone())
 ///             .prefixes(["borrow", "exports"])
@@ -107,8 +108,9 @@ impl LocksPage {
         self
     }
 
-    /// At most this many locks in the table (default 100, at least 1); the page says when
-    /// there are more, and a prefix narrows the list.
+    /// At most this many locks in the table (default 100, at least 1). The counts above it are
+    /// of every lock the scan finds (within [`list_budget`](Self::list_budget)); the page says
+    /// when it lists only some, and a prefix narrows the list.
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit.max(1);
         self
@@ -121,8 +123,9 @@ impl LocksPage {
         self
     }
 
-    /// How long one listing may scan (default 500 ms): over a large keyspace where few keys
-    /// match the prefix, the page shows what it found by then and says it stopped.
+    /// How long one listing may scan (default 500 ms): over a large keyspace, or with many
+    /// locks to count, the page shows what it found by then, says it stopped, and its counts
+    /// read "at least N".
     pub fn list_budget(mut self, budget: Duration) -> Self {
         self.list_budget = budget;
         self
@@ -145,7 +148,9 @@ impl LocksPage {
         self
     }
 
-    /// The page's routes, to nest under the application's admin path and auth layer.
+    /// The page's routes, to nest under the application's admin path and auth layer:
+    /// `nest_service("/locks", page.router())` serves `…/locks` and `…/locks/` alike (links
+    /// inside the page work from either); `nest` serves only the path as written.
     pub fn router<S: Clone + Send + Sync + 'static>(self) -> Router<S> {
         let force_release = self.force_release;
         let page = Arc::new(Page {
@@ -169,7 +174,11 @@ impl LocksPage {
         } else {
             router
         };
-        router.with_state(page)
+        // Gzipped for a browser that accepts it: a table of 5 000 locks is ~1.8 MB of HTML.
+        // The live view's events (`text/event-stream`) and answers under 32 bytes go as they are.
+        router
+            .layer(tower_http::compression::CompressionLayer::new())
+            .with_state(page)
     }
 }
 
@@ -214,16 +223,11 @@ impl Page {
         (!self.under_scope(key)).then(|| format!("the key `{key}` is outside this page's scope"))
     }
 
-    /// The locks under `prefix` (every prefix of the scope when empty), at most `limit`, in
-    /// key order, within the listing's budget.
+    /// The locks under `prefix` (every prefix of the scope when empty): the first `limit`
+    /// found, in key order, and every one counted, as far as the scan gets within the
+    /// listing's budget.
     async fn list(&self, prefix: &str) -> Listing {
-        let mut listing = Listing {
-            locks: Vec::new(),
-            truncated: false,
-            cut_short: false,
-            error: None,
-            took: Duration::ZERO,
-        };
+        let mut listing = Listing::default();
         let prefixes: Vec<&str> = if !prefix.is_empty() || self.options.scope.is_empty() {
             vec![prefix]
         } else {
@@ -241,11 +245,10 @@ impl Page {
                     }
                     Ok(None) => break,
                     Ok(Some(Ok(lock))) => {
-                        if listing.locks.len() == self.options.limit {
-                            listing.truncated = true;
-                            break 'prefixes;
+                        listing.counted.add(&lock);
+                        if listing.locks.len() < self.options.limit {
+                            listing.locks.push(lock);
                         }
-                        listing.locks.push(lock);
                     }
                     Ok(Some(Err(error))) => {
                         listing.error = Some(error.to_string());
@@ -262,7 +265,6 @@ impl Page {
     fn table_view<'a>(&self, prefix: &'a str) -> TableView<'a> {
         TableView {
             prefix,
-            limit: self.options.limit,
             budget: self.options.list_budget,
             force_release: self.options.force_release,
         }
@@ -299,11 +301,8 @@ async fn index(
     let prefix = params.get("prefix");
     let listing = match page.refuse_prefix(prefix) {
         Some(reason) => Listing {
-            locks: Vec::new(),
-            truncated: false,
-            cut_short: false,
             error: Some(reason),
-            took: Duration::ZERO,
+            ..Listing::default()
         },
         None => page.list(prefix).await,
     };

@@ -6,13 +6,15 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::escape::{html, query_value};
-use crate::{Holder, LockInfo, LockKind};
+use crate::{Holder, LockInfo, LockKind, Waiter};
 
 /// What one listing found (see `Page::list`).
+#[derive(Default)]
 pub(crate) struct Listing {
+    /// The first locks found, at most the page's limit.
     pub(crate) locks: Vec<LockInfo>,
-    /// More locks matched than the page's limit.
-    pub(crate) truncated: bool,
+    /// Every lock the scan found, listed or not: all of them, unless it stopped early.
+    pub(crate) counted: Counts,
     /// The listing's time budget ran out before the scan ended.
     pub(crate) cut_short: bool,
     /// Why listing stopped early, when Redis failed.
@@ -21,11 +23,33 @@ pub(crate) struct Listing {
     pub(crate) took: Duration,
 }
 
+/// What a listing counted: locks, their holders, and the callers waiting for them.
+#[derive(Default)]
+pub(crate) struct Counts {
+    pub(crate) locks: usize,
+    pub(crate) holders: usize,
+    pub(crate) waiters: usize,
+}
+
+impl Counts {
+    pub(crate) fn add(&mut self, lock: &LockInfo) {
+        self.locks += 1;
+        self.holders += lock.holders().len();
+        self.waiters += lock.waiters();
+    }
+}
+
+impl Listing {
+    /// The scan stopped before its end (its budget, or Redis failed): the counts are a floor.
+    fn stopped_early(&self) -> bool {
+        self.cut_short || self.error.is_some()
+    }
+}
+
 /// What the table shows besides the locks.
 pub(crate) struct TableView<'a> {
     /// The prefix the list is filtered by (`""`: every lock in the page's scope).
     pub(crate) prefix: &'a str,
-    pub(crate) limit: usize,
     pub(crate) budget: Duration,
     pub(crate) force_release: bool,
 }
@@ -136,17 +160,25 @@ fn live(view: &PageView<'_>) -> String {
     }
 }
 
-/// The table with its counts: the part the page's script refreshes in place.
+/// The table with its counts: the part the page's script refreshes in place. The counts are
+/// of every lock the scan found, not only those listed; "at least" when it stopped early.
 pub(crate) fn table(view: &TableView<'_>, listing: &Listing) -> String {
-    let holders: usize = listing.locks.iter().map(|lock| lock.holders().len()).sum();
-    let waiters: usize = listing.locks.iter().map(LockInfo::waiters).sum();
+    let Counts {
+        locks,
+        holders,
+        waiters,
+    } = listing.counted;
+    let at_least = if listing.stopped_early() {
+        "at least "
+    } else {
+        ""
+    };
     let mut out = String::with_capacity(1024 + listing.locks.len() * 512);
     let _ = writeln!(
         out,
-        r#"<p id="counts" data-took-ms="{took}"><b id="count-locks">{locks}</b> {locks_word} held · <b id="count-holders">{holders}</b> {holders_word} · <b id="count-waiters">{waiters}</b> waiting</p>"#,
+        r#"<p id="counts" data-took-ms="{took}">{at_least}<b id="count-locks">{locks}</b> {locks_word} held · {at_least}<b id="count-holders">{holders}</b> {holders_word} · {at_least}<b id="count-waiters">{waiters}</b> waiting</p>"#,
         took = listing.took.as_millis(),
-        locks = listing.locks.len(),
-        locks_word = plural(listing.locks.len(), "lock", "locks"),
+        locks_word = plural(locks, "lock", "locks"),
         holders_word = plural(holders, "holder", "holders"),
     );
     if let Some(error) = &listing.error {
@@ -156,11 +188,11 @@ pub(crate) fn table(view: &TableView<'_>, listing: &Listing) -> String {
             html(error)
         );
     }
-    if listing.truncated {
+    if locks > listing.locks.len() {
         let _ = writeln!(
             out,
-            r#"<p class="note" id="truncated">Showing the first {} locks found; narrow the prefix to see the others.</p>"#,
-            view.limit
+            r#"<p class="note" id="truncated">Showing the first {} of {at_least}{locks} locks found; narrow the prefix to see the others.</p>"#,
+            listing.locks.len(),
         );
     }
     if listing.cut_short {
@@ -205,13 +237,14 @@ fn row(out: &mut String, view: &TableView<'_>, lock: &LockInfo) {
     let holders: String = lock.holders().iter().map(holder).collect();
     let _ = write!(
         out,
-        r#"<tr data-key="{key}"><td class="key"><a href="{watch}">{key}</a></td><td>{kind}</td><td><ul class="holders">{holders}</ul></td><td>{left}</td><td>{fencing}</td><td class="waiters">{waiters}</td>"#,
+        r#"<tr data-key="{key}"><td class="key"><a href="{watch}">{key}</a></td><td>{kind}</td><td><ul class="holders">{holders}</ul></td><td>{left}</td><td>{fencing}</td><td class="waiters"><b class="count">{waiters}</b>{next}</td>"#,
         kind = kind(lock.kind()),
         left = duration(lock.time_left()),
         fencing = lock
             .fencing_token()
             .map_or_else(|| "—".to_owned(), |token| token.to_string()),
         waiters = lock.waiters(),
+        next = lock.reserved_for().map(next_waiter).unwrap_or_default(),
     );
     if view.force_release {
         let hints: Vec<&str> = lock.holders().iter().map(Holder::token_hint).collect();
@@ -240,6 +273,20 @@ fn holder(holder: &Holder) -> String {
     )
 }
 
+/// The caller the lock is reserved for, after the count of waiters: the one waiter whose
+/// origin the lock's value keeps (the others are stored as bare tokens, so only counted).
+fn next_waiter(waiter: &Waiter) -> String {
+    let mut who = origin(waiter.app(), waiter.pid(), waiter.host()).unwrap_or_default();
+    if let Ok(waited) = std::time::SystemTime::now().duration_since(waiter.waiting_since()) {
+        let _ = write!(who, ", waiting {}", duration(waited));
+    }
+    format!(
+        r#" <span class="next">next: <code class="token">{}…</code> <span class="who">{}</span></span>"#,
+        html(waiter.token_hint()),
+        html(&who)
+    )
+}
+
 /// One holder in words, as the confirmation of a forced release names it.
 pub(crate) fn holder_label(holder: &Holder) -> String {
     let who = identity(holder).map_or_else(String::new, |who| format!(", {who}"));
@@ -253,19 +300,24 @@ pub(crate) fn holder_label(holder: &Holder) -> String {
 /// Who holds it and since when (`billing (pid 4242) on web-3, for 3.2 s`), when its value says:
 /// `None` for a lock an older version took.
 pub(crate) fn identity(holder: &Holder) -> Option<String> {
-    let app = holder.app()?;
-    let mut who = app.to_owned();
-    if let Some(pid) = holder.pid() {
-        let _ = write!(who, " (pid {pid})");
-    }
-    if let Some(host) = holder.host() {
-        let _ = write!(who, " on {host}");
-    }
+    let mut who = origin(holder.app(), holder.pid(), holder.host())?;
     if let Some(held) = holder
         .acquired_at()
         .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
     {
         let _ = write!(who, ", for {}", duration(held));
+    }
+    Some(who)
+}
+
+/// `billing (pid 4242) on web-3`; `None` for a value of an older version, which names nobody.
+fn origin(app: Option<&str>, pid: Option<u32>, host: Option<&str>) -> Option<String> {
+    let mut who = app?.to_owned();
+    if let Some(pid) = pid {
+        let _ = write!(who, " (pid {pid})");
+    }
+    if let Some(host) = host {
+        let _ = write!(who, " on {host}");
     }
     Some(who)
 }

@@ -1,13 +1,16 @@
-//! `LockError` as an HTTP response: 409 Conflict when busy; 500 Internal Server Error for the
-//! programmer's errors (`Config`, `InvalidKey`, `InvalidOptions`, `NotALock`: retrying cannot help); 503
-//! Service Unavailable otherwise (Redis down, lease lost, shutting down: worth a retry).
+//! `LockError` as an HTTP response: 409 Conflict when busy; 500 Internal Server Error for what
+//! needs someone to act ([`LockError::is_transient`] is false: a refused password or ACL, a
+//! server that does not speak Redis's protocol, a script error, a key that is not a lock,
+//! invalid options or configuration: retrying cannot help); 503 Service Unavailable otherwise
+//! (Redis down, lease lost, shutting down: worth a retry).
 //!
 //! The body names the lock but never the internals (a server address, an OS error): those go
 //! to the log, for the operator, not to the HTTP client. [`LockErrorResponse`] holds what the
 //! response says, for an application that shapes its own body; [`JsonLockError`] is the same
 //! response as JSON.
 
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -18,6 +21,39 @@ use crate::LockError;
 /// The `Retry-After` of a 503: about how long a client takes to reconnect after Redis comes
 /// back, so a retry that soon is not wasted on the same outage.
 pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a refusal that goes on is logged again at error level: a wrong password fails every
+/// request the same way until someone acts, so it is logged when it begins, not per request.
+const REFUSAL_REMINDER: Duration = Duration::from_secs(60);
+
+/// The last refusal logged at error level (see [`Refusals`]), process-wide.
+static REFUSALS: Mutex<Refusals> = Mutex::new(Refusals { last: None });
+
+/// Which refusals are news for the log: one that differs from the last logged, the first after
+/// an outage was answered 503 in between, or the same one [`REFUSAL_REMINDER`] after it was
+/// last logged. The others go to the log at debug level.
+struct Refusals {
+    /// What the last refusal logged said, and when it was logged.
+    last: Option<(String, Instant)>,
+}
+
+impl Refusals {
+    /// Whether `refusal`, answered at `now`, is logged at error level; remembers it if so.
+    fn is_news(&mut self, refusal: &str, now: Instant) -> bool {
+        let repeated = self.last.as_ref().is_some_and(|(said, at)| {
+            said == refusal && now.saturating_duration_since(*at) < REFUSAL_REMINDER
+        });
+        if !repeated {
+            self.last = Some((refusal.to_owned(), now));
+        }
+        !repeated
+    }
+
+    /// A transient failure was answered: a refusal after it is news again.
+    fn forget(&mut self) {
+        self.last = None;
+    }
+}
 
 /// What the HTTP response to a [`LockError`] says: its status, when to retry, a short code and
 /// a message that names the lock but no internals. `LockError`'s own `IntoResponse` sends it
@@ -60,53 +96,51 @@ pub struct LockErrorResponse {
 }
 
 impl LockErrorResponse {
-    /// What to answer for `error`. Logs it for the operator, with its internals (a 500 as an
-    /// error, a 503 as a warning; a 409 is the lock working, not logged).
+    /// What to answer for `error`. Logs it for the operator, with its internals: a 503 as a
+    /// warning; a 500 as an error when it is news (it differs from the last one logged, follows
+    /// an outage, or was last logged a minute ago), else at debug level, so that a wrong
+    /// password is not logged once per request; a 409 is the lock working, not logged.
     pub fn new(error: &LockError) -> Self {
         let key = error.key().map(str::to_owned);
-        match error {
-            LockError::Busy { retry_after, .. } => Self {
+        if let LockError::Busy { retry_after, .. } = error {
+            return Self {
                 status: StatusCode::CONFLICT,
                 code: "busy",
                 message: error.to_string(),
                 key,
                 retry_after: *retry_after,
-            },
-            LockError::Config { .. }
-            | LockError::InvalidKey { .. }
-            | LockError::InvalidOptions { .. }
-            | LockError::NotALock { .. } => {
-                tracing::error!(%error, "locked request answered 500: the lock is misconfigured");
-                let message = match &key {
-                    Some(key) => format!("lock `{key}` cannot be used; this is a server error"),
-                    None => "the lock is misconfigured; this is a server error".to_owned(),
-                };
-                Self {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    code: "misconfigured",
-                    message,
-                    key,
-                    retry_after: None,
-                }
-            }
-            _ => {
-                tracing::warn!(%error, "locked request answered 503");
-                let message = match &key {
-                    Some(key) => format!("lock `{key}` is unavailable right now; try again later"),
-                    None => "the lock service is unavailable right now; try again later".to_owned(),
-                };
-                Self {
-                    status: StatusCode::SERVICE_UNAVAILABLE,
-                    code: "unavailable",
-                    message,
-                    key,
-                    retry_after: Some(UNAVAILABLE_RETRY_AFTER),
-                }
-            }
+            };
+        }
+        if !error.is_transient() {
+            log_refusal(error);
+            let message = match &key {
+                Some(key) => format!("lock `{key}` cannot be used; this is a server error"),
+                None => "the lock is misconfigured; this is a server error".to_owned(),
+            };
+            return Self {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                code: "misconfigured",
+                message,
+                key,
+                retry_after: None,
+            };
+        }
+        tracing::warn!(%error, "locked request answered 503");
+        refusals().forget();
+        let message = match &key {
+            Some(key) => format!("lock `{key}` is unavailable right now; try again later"),
+            None => "the lock service is unavailable right now; try again later".to_owned(),
+        };
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "unavailable",
+            message,
+            key,
+            retry_after: Some(UNAVAILABLE_RETRY_AFTER),
         }
     }
 
-    /// 409 Conflict when busy, 500 for the programmer's errors, 503 otherwise.
+    /// 409 Conflict when busy, 500 for what needs someone to act, 503 otherwise.
     pub fn status(&self) -> StatusCode {
         self.status
     }
@@ -127,8 +161,9 @@ impl LockErrorResponse {
         &self.message
     }
 
-    /// When to try again: the holder's lease when a 409's wait learned it,
-    /// [`UNAVAILABLE_RETRY_AFTER`] for a 503, none for a 500.
+    /// When to try again: for a 409, `Busy`'s `retry_after` (how fast the key's waiters have
+    /// lately been served, times those ahead, when Redis observed it; else the holder's
+    /// remaining lease); [`UNAVAILABLE_RETRY_AFTER`] for a 503; none for a 500.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
@@ -170,6 +205,25 @@ impl LockErrorResponse {
     }
 }
 
+fn refusals() -> std::sync::MutexGuard<'static, Refusals> {
+    REFUSALS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Logs a 500's `error`: at error level when it is news ([`Refusals`]), else at debug level.
+/// Compared without its key (a wrong password refuses every key alike), except where the key
+/// is the problem.
+fn log_refusal(error: &LockError) {
+    let refusal = match error {
+        LockError::Redis { source, .. } => source.to_string(),
+        other => other.to_string(),
+    };
+    if refusals().is_news(&refusal, Instant::now()) {
+        tracing::error!(%error, "locked request answered 500: retrying cannot help until someone acts (logged again when it changes, or in a minute)");
+    } else {
+        tracing::debug!(%error, "locked request answered 500");
+    }
+}
+
 /// The text form: `text/plain` with the message.
 impl IntoResponse for LockErrorResponse {
     fn into_response(self) -> Response {
@@ -177,7 +231,7 @@ impl IntoResponse for LockErrorResponse {
     }
 }
 
-/// 409 Conflict when busy, 500 for the programmer's errors, 503 otherwise, as text; with
+/// 409 Conflict when busy, 500 for what needs someone to act, 503 otherwise, as text; with
 /// `Retry-After` on a 503, and on a 409 when the holder's lease is known.
 impl IntoResponse for LockError {
     fn into_response(self) -> Response {
@@ -219,12 +273,12 @@ impl IntoResponse for JsonLockError {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
 
-    use super::{JsonLockError, LockErrorResponse};
+    use super::{JsonLockError, LockErrorResponse, Refusals};
     use crate::LockError;
 
     fn unavailable() -> LockError {
@@ -264,6 +318,47 @@ mod tests {
         .into_response();
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    /// A refused password fails every request alike until someone acts: no retry will help, so
+    /// no `Retry-After`, and no warning as for an outage.
+    #[test]
+    fn a_refusal_is_a_500_without_retry_after() {
+        use crate::store::{Refused, StoreError};
+        let refused = StoreError::unavailable(Refused::WrongPassword {
+            server: "127.0.0.1:6379".into(),
+            reason: "WRONGPASS".into(),
+        })
+        .into_lock_error(Some("borrow:1"));
+        assert!(!refused.is_transient());
+        let answer = LockErrorResponse::new(&refused);
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(answer.code(), "misconfigured");
+        assert_eq!(answer.retry_after(), None);
+        assert!(
+            !answer.message().contains("127.0.0.1"),
+            "{}",
+            answer.message()
+        );
+        let response = refused.into_response();
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn a_refusal_is_news_when_it_changes_after_an_outage_or_a_minute_on() {
+        let mut refusals = Refusals { last: None };
+        let start = Instant::now();
+        assert!(refusals.is_news("wrong password", start));
+        for second in 1..60 {
+            let now = start + Duration::from_secs(second);
+            assert!(!refusals.is_news("wrong password", now), "{second} s on");
+        }
+        assert!(refusals.is_news("ACL refused", start + Duration::from_secs(1)));
+        assert!(refusals.is_news("wrong password", start + Duration::from_secs(2)));
+        assert!(!refusals.is_news("wrong password", start + Duration::from_secs(3)));
+        refusals.forget();
+        assert!(refusals.is_news("wrong password", start + Duration::from_secs(4)));
+        assert!(refusals.is_news("wrong password", start + Duration::from_secs(64)));
     }
 
     #[test]

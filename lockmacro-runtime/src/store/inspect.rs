@@ -47,6 +47,9 @@ pub(crate) struct Snapshot {
     pub(crate) fencing: Option<u64>,
     /// Callers known to wait: see `LockInfo::waiters`.
     pub(crate) waiters: usize,
+    /// The caller an exclusive lock is reserved for ([`protocol::Reservation`]): its value
+    /// (token and origin) and when it began waiting (ms since the Unix epoch, its clock).
+    pub(crate) reserved_for: Option<(String, u64)>,
 }
 
 /// Where a listing goes on: which master, and where on it (`""`: from the start).
@@ -141,12 +144,16 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
     let ktype = text(fields.next()?)?;
     let fencing = text(fields.next()?)?.parse().ok();
     let waiters = usize::try_from(int(fields.next()?)?).unwrap_or(0);
+    let mut reserved_for = None;
     let (kind, holders) = match ktype.as_str() {
         "string" => {
             let value = text(fields.next()?)?;
             let left = protocol::remaining(int(fields.next()?)?).filter(|left| !left.is_zero())?;
-            let holder = protocol::Stored::parse(&value)?.holder;
-            (LockKind::Exclusive, vec![(holder.to_owned(), left)])
+            let stored = protocol::Stored::parse(&value)?;
+            reserved_for = stored
+                .reserved
+                .map(|owed| (owed.value.to_owned(), owed.since_ms));
+            (LockKind::Exclusive, vec![(stored.holder.to_owned(), left)])
         }
         "hash" => {
             let kind = protocol::parse_shared_kind(&text(fields.next()?)?)?;
@@ -170,6 +177,7 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
         holders,
         fencing,
         waiters,
+        reserved_for,
     })
 }
 
@@ -581,7 +589,26 @@ fn quorum_view(
         // Fencing is refused on Redlock: no counter is the quorum's.
         fencing: None,
         waiters: known_to_a_majority(found.iter().map(|snapshot| snapshot.waiters), quorum),
+        reserved_for: reserved_on_a_majority(&found, quorum),
     }))
+}
+
+/// The caller that a majority of the masters reserve the key for, if one (by its token: its
+/// value may differ from master to master, written at different looks).
+fn reserved_on_a_majority(found: &[&Snapshot], quorum: usize) -> Option<(String, u64)> {
+    let token = |owed: &(String, u64)| protocol::holder_token(&owed.0).to_owned();
+    found
+        .iter()
+        .filter_map(|snapshot| snapshot.reserved_for.as_ref())
+        .find(|owed| {
+            let reserved = found
+                .iter()
+                .filter_map(|snapshot| snapshot.reserved_for.as_ref())
+                .filter(|other| token(other) == token(owed))
+                .count();
+            reserved >= quorum
+        })
+        .cloned()
 }
 
 /// The most that a majority of the masters report: the quorum-th largest of the figures (the
@@ -690,6 +717,7 @@ mod tests {
                 .collect(),
             fencing: None,
             waiters: 0,
+            reserved_for: None,
         })
     }
 
@@ -749,6 +777,35 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
     }
 
     #[test]
+    fn the_quorum_view_names_the_waiter_a_majority_reserves_for() {
+        let reserved = |owed: Option<&str>| {
+            snapshot(&[("a", 900)]).map(|mut snapshot| {
+                snapshot.reserved_for = owed.map(|value| (value.to_owned(), 7));
+                snapshot
+            })
+        };
+        let view = |looks: Vec<Option<Snapshot>>| {
+            quorum_view("k", looks.into_iter().map(Ok).collect())
+                .unwrap()
+                .unwrap()
+                .reserved_for
+        };
+        // The same waiter's token, its value written at different looks.
+        let majority = view(vec![
+            reserved(Some("w;1")),
+            reserved(None),
+            reserved(Some("w;2")),
+        ]);
+        assert_eq!(majority.map(|(value, _)| value), Some("w;1".to_owned()));
+        let minority = view(vec![
+            reserved(Some("w;1")),
+            reserved(None),
+            reserved(Some("v;1")),
+        ]);
+        assert_eq!(minority, None);
+    }
+
+    #[test]
     fn only_what_the_library_writes_is_a_lock() {
         let token = "0123456789abcdef0123456789abcdef";
         let string = |value: &str, pttl: i64| {
@@ -768,6 +825,16 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
         let value = protocol::Origin::new("h", 7, "app").value(token, 9);
         let held = read_look("k", string(&format!("{value}+"), 5000)).unwrap();
         assert_eq!(held.holders[0].0, value);
+        assert_eq!(held.reserved_for, None);
+        let owed = protocol::Origin::new("web-3", 42, "billing")
+            .value("fedcba9876543210fedcba9876543210", 11);
+        let reserved = format!("{value}+1700000000000/5000/1/{owed}");
+        let held = read_look("k", string(&reserved, 5000)).unwrap();
+        assert_eq!(
+            held.holders[0].0, value,
+            "the reservation is no part of the holder"
+        );
+        assert_eq!(held.reserved_for, Some((owed, 1_700_000_000_000)));
         assert_eq!(read_look("k", string("hello", 5000)), None);
         assert_eq!(
             read_look("k", string(token, -1)),

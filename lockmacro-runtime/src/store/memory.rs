@@ -227,11 +227,22 @@ impl Data {
 
     /// What `key` holds now, as inspection reports it.
     fn snapshot(&mut self, key: &str, now: Instant) -> Option<Snapshot> {
+        let mut reserved_for = None;
         let (kind, holders) = match self.live(key, now)? {
-            Held::Exclusive { value, expires, .. } => (
-                LockKind::Exclusive,
-                vec![(value.clone(), expires.saturating_duration_since(now))],
-            ),
+            Held::Exclusive {
+                value,
+                expires,
+                reserved,
+                ..
+            } => {
+                reserved_for = reserved
+                    .as_ref()
+                    .map(|owed| (owed.value.clone(), owed.since_ms));
+                (
+                    LockKind::Exclusive,
+                    vec![(value.clone(), expires.saturating_duration_since(now))],
+                )
+            }
             Held::Shared { kind, holders } => (
                 *kind,
                 holders
@@ -254,6 +265,7 @@ impl Data {
             holders,
             fencing: self.fences.get(key).copied(),
             waiters,
+            reserved_for,
         })
     }
 
