@@ -201,7 +201,7 @@ impl LockClient {
     #[doc(hidden)]
     pub fn in_memory() -> Self
     where
-        for<'a> &'a (): crate::__private::NeedsTestUtil,
+        for<'a> &'a (): NeedsTestUtil,
     {
         unreachable!("`NeedsTestUtil` has no implementation")
     }
@@ -514,6 +514,16 @@ impl LockClient {
     }
 }
 
+/// Here rather than beside the other hooks: the store knows no client.
+#[cfg(feature = "test-util")]
+impl crate::MemoryHooks {
+    /// Another client over the same store, as another process would have: its own watchdog,
+    /// waiters and reentrancy (clones of one client share those).
+    pub fn client(&self) -> LockClient {
+        LockClient::over_memory(self.store.clone())
+    }
+}
+
 impl LockClientBuilder {
     /// Builds the client, opens its connections (the caller's, the watchdog's and the release
     /// subscriber's) and checks that Redis answers.
@@ -541,6 +551,15 @@ impl LockClientBuilder {
         Ok(LockClient::assemble(self.parts()?))
     }
 }
+
+/// Bounds `LockClient::in_memory` when the `test-util` feature is off, so that a call is a
+/// compile error saying which feature to enable. Nothing implements it.
+#[diagnostic::on_unimplemented(
+    message = "`LockClient::in_memory()` needs the `test-util` feature of `lockmacro-runtime`",
+    label = "in-memory locks are only built with the `test-util` feature",
+    note = "add `features = [\"test-util\"]` to the `lockmacro-runtime` line under `[dev-dependencies]` in Cargo.toml"
+)]
+pub trait NeedsTestUtil {}
 
 fn urls(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
     urls.into_iter()

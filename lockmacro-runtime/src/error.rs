@@ -1,5 +1,9 @@
 //! The one error type of the crate: every way a locked call can end without running to completion.
 
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
 /// Why a locked call did not run, or did not run to its end.
 ///
 /// A function under `#[redis_lock]` returns `Result<T, E>` with `E: From<LockError>`, so these
@@ -209,6 +213,42 @@ impl std::fmt::Debug for LockError {
     }
 }
 
+/// A store's failure as the `source` of a [`LockError::Redis`], with the store's verdict on
+/// whether it heals, for [`LockError::is_transient`]: the store judges, this module knows none.
+pub(crate) struct Shared {
+    source: Arc<dyn Error + Send + Sync>,
+    heals: bool,
+}
+
+impl Shared {
+    pub(crate) fn new(source: Arc<dyn Error + Send + Sync>, heals: bool) -> Self {
+        Self { source, heals }
+    }
+
+    pub(crate) fn heals(&self) -> bool {
+        self.heals
+    }
+}
+
+/// As the error it shares: the wrapper is no news to whoever reads the `Debug` output.
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl Error for Shared {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.source()
+    }
+}
+
 fn for_key(key: &Option<String>) -> String {
     key.as_deref()
         .map(|key| format!(" for lock `{key}`"))
@@ -226,10 +266,14 @@ impl LockError {
     /// waiting call waits out what is transient and ends at once on the rest.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Busy { .. } | Self::Lost { .. } | Self::NoQuorum { .. } | Self::ShutDown { .. } => {
-                true
-            }
-            Self::Redis { source, .. } => crate::store::error_heals(source.as_ref()),
+            Self::Busy { .. }
+            | Self::Lost { .. }
+            | Self::NoQuorum { .. }
+            | Self::ShutDown { .. } => true,
+            // What the store judged when it made the error; anything else is taken to heal.
+            Self::Redis { source, .. } => source
+                .downcast_ref::<Shared>()
+                .is_none_or(|shared| shared.heals),
             Self::RenewalsExhausted { .. }
             | Self::NotALock { .. }
             | Self::InvalidKey { .. }
@@ -263,13 +307,18 @@ mod tests {
         use crate::store::{Refused, StoreError};
         let transient = |error: StoreError| error.into_lock_error(Some("k")).is_transient();
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert!(transient(StoreError::unavailable(::redis::RedisError::from(reset))));
+        assert!(transient(StoreError::unavailable(
+            ::redis::RedisError::from(reset)
+        )));
         let readonly = ::redis::RedisError::from((
             ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly),
             "READONLY You can't write against a read only replica.",
         ));
         assert!(transient(StoreError::unavailable(readonly)));
-        assert!(transient(StoreError::NoQuorum { answered: 1, needed: 2 }));
+        assert!(transient(StoreError::NoQuorum {
+            answered: 1,
+            needed: 2
+        }));
         let script = ::redis::RedisError::from((
             ::redis::ErrorKind::Server(::redis::ServerErrorKind::ResponseError),
             "ERR user_script:1: Script attempted to access nonexistent global variable",
@@ -280,8 +329,19 @@ mod tests {
             reason: "WRONGPASS".into(),
         };
         assert!(!transient(StoreError::unavailable(wrong_password)));
-        assert!(!LockError::Config { message: "bad url".into() }.is_transient());
-        assert!(LockError::Busy { key: "k".into(), retry_after: None }.is_transient());
+        assert!(
+            !LockError::Config {
+                message: "bad url".into()
+            }
+            .is_transient()
+        );
+        assert!(
+            LockError::Busy {
+                key: "k".into(),
+                retry_after: None
+            }
+            .is_transient()
+        );
     }
 
     #[test]

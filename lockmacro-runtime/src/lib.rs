@@ -81,19 +81,22 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// Bottom: time, what a runtime offers, keys, options, errors, a lease's shared state.
+// Each group uses only itself and the groups above it, and no module imports one that imports
+// it back, directly or not.
+// Bottom: time, what a runtime offers, keys, options, errors.
 mod clock;
 mod error;
 mod health;
 mod key;
 mod metrics;
 mod options;
-mod right;
 mod rt;
-mod state;
 mod sync;
 // The seam and the deployments behind it: the only users of `redis`.
 mod store;
+// A lease's shared state, and the right to release it.
+mod right;
+mod state;
 // The watchdog, the waiters and the engine that ties them together.
 mod background;
 mod engine;

@@ -291,7 +291,7 @@ async fn renew(shared: &Shared, due: &[Arc<LeaseState>]) {
             }
             Renewal::Lost(reason) => {
                 metrics::renewal(&lease.prefix, "lost");
-                tracing::warn!(key = %lease.key, token_hint = %crate::inspect::hint(lease.token()), %reason, "lock lost at renewal");
+                tracing::warn!(key = %lease.key, token_hint = %protocol::hint(lease.token()), %reason, "lock lost at renewal");
                 lease.mark_lost(reason);
             }
             Renewal::Failed(error) => {

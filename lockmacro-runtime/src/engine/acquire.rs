@@ -9,12 +9,12 @@ use tokio::time::Instant;
 use super::{Engine, Waited, new_token, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
-use crate::inspect::hint;
 use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
 use crate::right::ReleaseRight;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
+use crate::store::protocol::hint;
 use crate::store::{AcquireRequest, Acquired};
 
 /// What one attempt found.

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use super::{Engine, next_lease_id};
 use crate::clock;
 use crate::error::LockError;
-use crate::inspect::hint;
 use crate::metrics;
 use crate::options::LockKind;
 use crate::right::ReleaseRight;
 use crate::state::LeaseState;
+use crate::store::protocol::hint;
 use crate::store::{HandOver, HandsOver, LeaseRef};
 use crate::waiters::{Candidate, Handing};
 

@@ -14,11 +14,11 @@ use super::acquire::{Attempt, Looking};
 use super::{Engine, Waited, new_token};
 use crate::clock;
 use crate::error::LockError;
-use crate::inspect::hint;
 use crate::metrics::Prefix;
 use crate::options::{LockKind, LockOptions};
 use crate::state::LeaseState;
 use crate::store::protocol::STARVING_AFTER;
+use crate::store::protocol::hint;
 use crate::waiters::{Expecting, Handing, Offer, Ticket};
 
 /// When a waiter began, and when it is owed the lock: the bound of `protocol::STARVING_AFTER`

@@ -1022,7 +1022,7 @@ fn forget_listener(data: &mut Data, key: &str) {
 /// ```
 #[derive(Clone)]
 pub struct MemoryHooks {
-    store: MemoryStore,
+    pub(crate) store: MemoryStore,
 }
 
 impl std::fmt::Debug for MemoryHooks {
@@ -1032,12 +1032,6 @@ impl std::fmt::Debug for MemoryHooks {
 }
 
 impl MemoryHooks {
-    /// Another client over the same store, as another process would have: its own watchdog,
-    /// waiters and reentrancy (clones of one client share those).
-    pub fn client(&self) -> crate::LockClient {
-        crate::LockClient::over_memory(self.store.clone())
-    }
-
     /// The token holding `key`, `None` when the key is free (or holds no lock).
     pub fn holder(&self, key: &str) -> Option<String> {
         self.holders(key).into_iter().next()

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::clock::Backoff;
-use crate::error::{LockError, LostReason};
+use crate::error::{LockError, LostReason, Shared};
 use crate::health::Health;
 use crate::metrics;
 use crate::options::LockKind;
@@ -182,6 +182,7 @@ impl AcquireRequest<'_> {
     }
 
     /// The token of its value.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     pub(crate) fn token(&self) -> &str {
         protocol::holder_token(self.value)
     }
@@ -417,10 +418,13 @@ impl StoreError {
 
     pub(crate) fn into_lock_error(self, key: Option<&str>) -> LockError {
         match self {
-            Self::Unavailable(source) => LockError::Redis {
-                key: key.map(str::to_owned),
-                source: Box::new(Shared(source)),
-            },
+            Self::Unavailable(source) => {
+                let heals = error_heals(source.as_ref());
+                LockError::Redis {
+                    key: key.map(str::to_owned),
+                    source: Box::new(Shared::new(source, heals)),
+                }
+            }
             Self::Unusable(error) => {
                 Arc::try_unwrap(error).unwrap_or_else(|shared| LockError::Config {
                     message: shared.to_string(),
@@ -454,8 +458,8 @@ impl StoreError {
 pub(crate) fn error_heals(error: &(dyn Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(error) = next {
-        if let Some(Shared(shared)) = error.downcast_ref::<Shared>() {
-            return error_heals(shared.as_ref());
+        if let Some(shared) = error.downcast_ref::<Shared>() {
+            return shared.heals();
         }
         if error.is::<Refused>() {
             return false;
@@ -539,28 +543,6 @@ impl fmt::Display for StoreError {
                 )
             }
         }
-    }
-}
-
-/// A shared error as the `source` of a [`LockError`].
-struct Shared(Arc<dyn Error + Send + Sync>);
-
-/// As the error it shares: the wrapper is no news to whoever reads the `Debug` output.
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl Error for Shared {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.0.source()
     }
 }
 

@@ -382,6 +382,19 @@ pub fn holder_token(value: &str) -> &str {
     &value[..end]
 }
 
+/// How many characters of a holder's token inspection shows.
+const TOKEN_HINT_CHARS: usize = 4;
+
+/// At most the first 4 characters of `token`: what `inspect`, `watch` and the command-line tool
+/// show of a holder, and what the library's log events carry as `token_hint`, so a log line
+/// can be matched with what an operator sees.
+pub(crate) fn hint(token: &str) -> &str {
+    token
+        .char_indices()
+        .nth(TOKEN_HINT_CHARS)
+        .map_or(token, |(end, _)| &token[..end])
+}
+
 /// Whether `token` looks like a lock token the library makes: 32 lowercase hex digits (128
 /// random bits), or a UUID, hyphenated (`8-4-4-4-12` hex digits) or simple. The one test of
 /// "is this string value a lock of ours", so that inspection never takes any string key for
