@@ -488,7 +488,7 @@ impl Watcher {
         if !self.look_now
             && let Some(feed) = self.feed.as_mut()
         {
-            tokio::select! {
+            crate::sync::select! {
                 heard = feed.next_release() => match heard {
                     Some(released) if released.key == self.key => self.heard(&released.message),
                     Some(_) => return Ok(()),

@@ -91,6 +91,8 @@ mod key;
 mod metrics;
 mod options;
 mod rt;
+#[cfg(feature = "sim")]
+mod sim;
 mod sync;
 // The seam and the deployments behind it: the only users of `redis`.
 mod store;
@@ -116,6 +118,19 @@ pub mod axum;
 
 #[doc(hidden)]
 pub mod __private;
+
+/// The deterministic simulator's entry points (feature `sim`): not an API for applications.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub mod __sim {
+    pub use crate::sim::{draw, run};
+
+    /// A new in-memory store, for [`LockClient::simulated`](crate::LockClient::simulated).
+    pub fn memory() -> crate::MemoryHooks {
+        crate::store::memory::MemoryStore::default().hooks()
+    }
+}
+
 // Named in the compiler's messages about misuse of the attribute: at the root, so a message
 // says `LeaseLength`, not the private module's path.
 #[doc(hidden)]

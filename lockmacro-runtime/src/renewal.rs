@@ -169,7 +169,7 @@ async fn watch(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let wake_at = scan(&shared);
         shared.planned_wake.store(wake_at, Ordering::Release);
-        tokio::select! {
+        crate::sync::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(clock::instant_at(wake_at)) => {}
             () = shared.wake.notified() => {}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Engine, Waited, new_token, next_lease_id};
+use super::{Engine, Waited, new_token};
 use crate::clock;
 use crate::error::LockError;
 use crate::metrics::{self, Prefix};
@@ -150,7 +150,7 @@ impl Engine {
         match reply {
             Ok(Acquired::Taken { fencing_token }) => {
                 let lease = Arc::new(LeaseState::new(
-                    next_lease_id(),
+                    self.next_lease_id(),
                     self.id,
                     key.to_owned(),
                     value,

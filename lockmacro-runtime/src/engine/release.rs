@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{Engine, next_lease_id};
+use super::Engine;
 use crate::clock;
 use crate::error::LockError;
 use crate::metrics;
@@ -91,7 +91,7 @@ impl Engine {
             HandOver::Handed => {
                 metrics::release(&lease.prefix, "confirmed");
                 let handed = Arc::new(LeaseState::new(
-                    next_lease_id(),
+                    self.next_lease_id(),
                     self.id,
                     lease.key.clone(),
                     value,
