@@ -1,9 +1,15 @@
-//! The simulator's first promise: a seed replays exactly. A small in-memory world (a few
-//! simulated processes, each with its own wall-clock skew, several tasks contending for one key
-//! with `wait`, pauses and bodies of lengths drawn from the seed) runs on one thread in paused
-//! time; its trace (each call's outcome, stamped with simulated time, with tokens and fencing
-//! tokens) hashes the same every time its seed runs, and differently for another seed.
+//! The simulator's first promises: a seed replays exactly, and no two callers hold the lock at
+//! once. A small in-memory world (a few simulated processes, each with its own wall-clock skew,
+//! several tasks contending for one key with `wait`, pauses and bodies of lengths drawn from the
+//! seed) runs on one thread in paused time. Its trace (each call's outcome, stamped with
+//! simulated time, with tokens and fencing tokens) hashes the same every time its seed runs, and
+//! differently for another seed.
+//!
+//! `scripts/sim.sh` runs it over other seeds (`SIM_SEEDS`), printing `trace <seed> <hash>` for
+//! each seed that replayed and kept exclusion, and `seed <seed> failed: <why>` otherwise.
 
+use std::collections::HashSet;
+use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,28 +17,83 @@ use lockmacro_runtime::__sim::{self, draw};
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
 use tokio::time::Instant;
 
-/// What one seed's world did, in order: one line per event, stamped with simulated time (µs).
+/// One thing a task saw, at a simulated time (µs since the world began).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Event {
+    at_us: u128,
+    /// `p<process>.t<task>`.
+    who: String,
+    what: What,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum What {
+    /// Its body began, holding the lock.
+    Acquired {
+        token: String,
+        fencing: Option<u64>,
+    },
+    /// Its body ended (the lock is released after).
+    Released,
+    Busy {
+        retry_after: Option<Duration>,
+    },
+    Failed(String),
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>9} {} ", self.at_us, self.who)?;
+        match &self.what {
+            What::Acquired { token, fencing } => write!(f, "acquired {token} fencing {fencing:?}"),
+            What::Released => write!(f, "released"),
+            What::Busy { retry_after } => write!(f, "busy, retry after {retry_after:?}"),
+            What::Failed(error) => write!(f, "failed: {error}"),
+        }
+    }
+}
+
+/// What one seed's world did, in the order it happened.
 struct Trace {
-    lines: Vec<String>,
+    events: Vec<Event>,
 }
 
 impl Trace {
-    /// FNV-1a over the lines: the same number on every platform and toolchain.
+    /// FNV-1a over the events as text: the same number on every platform and toolchain.
     fn hash(&self) -> u64 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in self
-            .lines
-            .iter()
-            .flat_map(|line| line.bytes().chain([b'\n']))
-        {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        for event in &self.events {
+            for byte in event.to_string().bytes().chain([b'\n']) {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
         }
         hash
     }
 
-    /// How many calls got the lock, and how many gave up on it busy.
-    fn count(&self, what: &str) -> usize {
-        self.lines.iter().filter(|line| line.contains(what)).count()
+    fn count(&self, what: fn(&What) -> bool) -> usize {
+        self.events.iter().filter(|event| what(&event.what)).count()
+    }
+
+    /// At most one body holds the lock at any simulated instant: each body begins after the
+    /// one before it ended. The first body that began while another held the lock, if any.
+    fn exclusion(&self) -> Result<(), String> {
+        let mut holder: Option<&Event> = None;
+        for event in &self.events {
+            match (&event.what, holder) {
+                (What::Acquired { .. }, Some(held)) => {
+                    return Err(format!(
+                        "two holders: `{event}` while `{held}` had not ended"
+                    ));
+                }
+                (What::Acquired { .. }, None) => holder = Some(event),
+                (What::Released, Some(held)) if held.who == event.who => holder = None,
+                (What::Released, _) => {
+                    return Err(format!("`{event}` ended a body that did not hold the lock"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -45,20 +106,24 @@ struct Call {
     fencing: bool,
 }
 
-/// Runs the world of `seed` and returns its trace.
-fn world(seed: u64) -> Trace {
+/// How long a world may run, in simulated time.
+const SIMULATED_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs the world of `seed`: its trace, or why it did not end.
+fn world(seed: u64) -> Result<Trace, String> {
     __sim::run(seed, || async {
         let store = __sim::memory();
         let start = Instant::now();
-        let lines = Arc::new(Mutex::new(Vec::new()));
+        let events = Arc::new(Mutex::new(Vec::new()));
         let record = {
-            let lines = lines.clone();
-            move |who: &str, what: String| {
-                let at = start.elapsed().as_micros();
-                lines
-                    .lock()
-                    .expect("not poisoned")
-                    .push(format!("{at:>9} {who} {what}"));
+            let events = events.clone();
+            move |who: &str, what: What| {
+                let event = Event {
+                    at_us: start.elapsed().as_micros(),
+                    who: who.to_owned(),
+                    what,
+                };
+                events.lock().expect("not poisoned").push(event);
             }
         };
         let mut tasks = Vec::new();
@@ -85,59 +150,135 @@ fn world(seed: u64) -> Trace {
                             .fencing(call.fencing);
                         let body = async {
                             let lock = LockContext::current().expect("inside the lock");
-                            record(
-                                &who,
-                                format!(
-                                    "acquired {} fencing {:?}",
-                                    lock.token(),
-                                    lock.fencing_token()
-                                ),
-                            );
+                            let token = lock.token().to_owned();
+                            let fencing = lock.fencing_token();
+                            record(&who, What::Acquired { token, fencing });
                             tokio::time::sleep(call.body).await;
-                            record(&who, "released".to_owned());
+                            record(&who, What::Released);
                         };
                         match client.run_locked("k", options, body).await {
                             Ok(()) => {}
                             Err(LockError::Busy { retry_after, .. }) => {
-                                record(&who, format!("busy, retry after {retry_after:?}"));
+                                record(&who, What::Busy { retry_after });
                             }
-                            Err(error) => record(&who, format!("failed: {error}")),
+                            Err(error) => record(&who, What::Failed(error.to_string())),
                         }
                     }
                 }));
             }
         }
-        for task in tasks {
-            task.await.expect("a task of the world ran to its end");
-        }
-        Trace {
-            lines: lines.lock().expect("not poisoned").clone(),
-        }
+        // Every call ends within seconds: a world still running after a simulated minute is stuck.
+        let ended = tokio::time::timeout(SIMULATED_LIMIT, async {
+            for task in tasks {
+                if let Err(error) = task.await {
+                    return Err(format!("a task did not end: {error}"));
+                }
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("still running after {SIMULATED_LIMIT:?}")));
+        let events = events.lock().expect("not poisoned").clone();
+        ended.map(|()| Trace { events })
     })
-    .expect("a runtime")
+    .unwrap_or_else(|error| Err(format!("no runtime: {error}")))
+}
+
+/// Runs `seed`'s world twice: its trace, or why the seed failed.
+fn replay(seed: u64) -> Result<Trace, String> {
+    let first = world(seed)?;
+    let again = world(seed)?;
+    if let Some((a, b)) = first.events.iter().zip(&again.events).find(|(a, b)| a != b) {
+        return Err(format!("its two runs parted: `{a}`, then `{b}`"));
+    }
+    if first.events.len() != again.events.len() {
+        return Err(format!(
+            "its two runs parted: {} events, then {}",
+            first.events.len(),
+            again.events.len()
+        ));
+    }
+    first.exclusion()?;
+    Ok(first)
+}
+
+/// The seeds to run: `SIM_SEEDS` (`S` or `FROM..TO`, `TO` excluded), else 1 to 20.
+fn seeds() -> std::ops::Range<u64> {
+    let Ok(given) = std::env::var("SIM_SEEDS") else {
+        return 1..21;
+    };
+    let parse = |number: &str| {
+        number
+            .trim()
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("SIM_SEEDS={given}: a seed or FROM..TO"))
+    };
+    match given.split_once("..") {
+        Some((from, to)) => parse(from)..parse(to),
+        None => parse(&given)..parse(&given) + 1,
+    }
 }
 
 #[test]
-fn a_seed_replays_its_trace_exactly_and_another_seed_differs() {
-    let mut hashes = std::collections::HashSet::new();
-    for seed in 1..=20 {
-        let first = world(seed);
-        let again = world(seed);
-        assert_eq!(
-            first.lines, again.lines,
-            "seed {seed} ran twice gave two traces"
-        );
-        assert_eq!(first.hash(), again.hash());
-        assert!(
-            first.count("acquired") > 0,
-            "seed {seed}: {:#?}",
-            first.lines
-        );
-        assert!(
-            hashes.insert(first.hash()),
-            "seed {seed} gave an earlier seed's trace"
-        );
+fn a_seed_replays_its_trace_exactly_keeps_exclusion_and_another_seed_differs() {
+    let mut failed = 0;
+    let mut hashes = HashSet::new();
+    let mut busy = 0;
+    for seed in seeds() {
+        match replay(seed) {
+            Ok(trace) => {
+                println!("trace {seed} {:016x}", trace.hash());
+                assert!(
+                    trace.count(|what| matches!(what, What::Acquired { .. })) > 0,
+                    "seed {seed}: nobody got the lock"
+                );
+                busy += trace.count(|what| matches!(what, What::Busy { .. }));
+                assert!(
+                    hashes.insert(trace.hash()),
+                    "seed {seed} gave an earlier seed's trace"
+                );
+            }
+            Err(why) => {
+                println!("seed {seed} failed: {why}");
+                failed += 1;
+            }
+        }
     }
-    // The worlds contend: some calls wait their whole `wait` out.
-    assert!((1..=20).any(|seed| world(seed).count("busy") > 0));
+    assert_eq!(failed, 0, "seeds failed (printed above)");
+    // The worlds contend: some calls wait their whole `wait` out (one seed alone may not).
+    assert!(
+        busy > 0 || std::env::var_os("SIM_SEEDS").is_some(),
+        "no call ever found the lock busy"
+    );
+}
+
+#[test]
+fn the_checker_finds_two_holders_at_once() {
+    let event = |at_us, who: &str, what| Event {
+        at_us,
+        who: who.to_owned(),
+        what,
+    };
+    let acquired = || What::Acquired {
+        token: "t".to_owned(),
+        fencing: None,
+    };
+    let overlapping = Trace {
+        events: vec![
+            event(1, "p0.t0", acquired()),
+            event(2, "p1.t0", acquired()),
+            event(3, "p0.t0", What::Released),
+        ],
+    };
+    let error = overlapping.exclusion().expect_err("two holders");
+    assert!(error.contains("two holders"), "{error}");
+    let in_turn = Trace {
+        events: vec![
+            event(1, "p0.t0", acquired()),
+            event(2, "p0.t0", What::Released),
+            event(2, "p1.t0", acquired()),
+            event(3, "p1.t0", What::Released),
+        ],
+    };
+    assert_eq!(in_turn.exclusion(), Ok(()));
 }
