@@ -232,14 +232,8 @@ pub mod v0_1_0 {
     }
 }
 
-/// Bounds `LockClient::in_memory` when the `test-util` feature is off, so that a call is a
-/// compile error saying which feature to enable. Nothing implements it.
-#[diagnostic::on_unimplemented(
-    message = "`LockClient::in_memory()` needs the `test-util` feature of `lockmacro-runtime`",
-    label = "in-memory locks are only built with the `test-util` feature",
-    note = "add `features = [\"test-util\"]` to the `lockmacro-runtime` line under `[dev-dependencies]` in Cargo.toml"
-)]
-pub trait NeedsTestUtil {}
+/// Public, for the bound of `LockClient::in_memory` without `test-util`; defined by the client.
+pub use crate::client::NeedsTestUtil;
 
 #[cfg(test)]
 mod tests {

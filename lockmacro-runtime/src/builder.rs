@@ -170,6 +170,7 @@ impl LockClientBuilder {
                 scan_interval: self.scan_interval,
                 response_timeout: self.response_timeout,
                 shutdown_timeout: self.shutdown_timeout,
+                wall: crate::clock::Wall::default(),
             },
             deployment: self.deployment.describe(),
             origin: Origin::of_this_process(self.app_name.as_deref()),

@@ -153,6 +153,33 @@ impl LockClient {
     /// A client of its own over an in-memory `store`.
     #[cfg(feature = "test-util")]
     pub(crate) fn over_memory(store: crate::store::memory::MemoryStore) -> Self {
+        Self::over_memory_as(
+            store,
+            crate::protocol::Origin::of_this_process(None),
+            crate::clock::Wall::default(),
+        )
+    }
+
+    /// Simulated process `n` of the deterministic simulator (feature `sim`), over the store of
+    /// `hooks`: runs on the caller's runtime, names itself `sim-n` (`pid` `n`, app `sim`) in
+    /// its lock values, and reads a wall clock `wall_skew_ms` off the simulation's. Not an API
+    /// for applications.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn simulated(hooks: &crate::MemoryHooks, n: u32, wall_skew_ms: i64) -> Self {
+        Self::over_memory_as(
+            hooks.store.clone(),
+            crate::protocol::Origin::new(&format!("sim-{n}"), n, "sim"),
+            crate::clock::Wall::skewed(wall_skew_ms),
+        )
+    }
+
+    #[cfg(feature = "test-util")]
+    fn over_memory_as(
+        store: crate::store::memory::MemoryStore,
+        origin: crate::protocol::Origin,
+        wall: crate::clock::Wall,
+    ) -> Self {
         let client = Self::assemble(Parts {
             store: Arc::new(store.clone()),
             background: crate::background::Background::on_callers_runtime(),
@@ -160,9 +187,10 @@ impl LockClient {
                 scan_interval: Duration::from_secs(2),
                 response_timeout: Duration::from_secs(1),
                 shutdown_timeout: crate::builder::DEFAULT_SHUTDOWN_TIMEOUT,
+                wall,
             },
             deployment: "in memory".to_owned(),
-            origin: crate::protocol::Origin::of_this_process(None),
+            origin,
         });
         Self {
             memory: Some(store),
@@ -201,7 +229,7 @@ impl LockClient {
     #[doc(hidden)]
     pub fn in_memory() -> Self
     where
-        for<'a> &'a (): crate::__private::NeedsTestUtil,
+        for<'a> &'a (): NeedsTestUtil,
     {
         unreachable!("`NeedsTestUtil` has no implementation")
     }
@@ -514,6 +542,16 @@ impl LockClient {
     }
 }
 
+/// Here rather than beside the other hooks: the store knows no client.
+#[cfg(feature = "test-util")]
+impl crate::MemoryHooks {
+    /// Another client over the same store, as another process would have: its own watchdog,
+    /// waiters and reentrancy (clones of one client share those).
+    pub fn client(&self) -> LockClient {
+        LockClient::over_memory(self.store.clone())
+    }
+}
+
 impl LockClientBuilder {
     /// Builds the client, opens its connections (the caller's, the watchdog's and the release
     /// subscriber's) and checks that Redis answers.
@@ -541,6 +579,15 @@ impl LockClientBuilder {
         Ok(LockClient::assemble(self.parts()?))
     }
 }
+
+/// Bounds `LockClient::in_memory` when the `test-util` feature is off, so that a call is a
+/// compile error saying which feature to enable. Nothing implements it.
+#[diagnostic::on_unimplemented(
+    message = "`LockClient::in_memory()` needs the `test-util` feature of `lockmacro-runtime`",
+    label = "in-memory locks are only built with the `test-util` feature",
+    note = "add `features = [\"test-util\"]` to the `lockmacro-runtime` line under `[dev-dependencies]` in Cargo.toml"
+)]
+pub trait NeedsTestUtil {}
 
 fn urls(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
     urls.into_iter()

@@ -13,28 +13,65 @@ use tokio::time::Instant;
 /// Every lease time is kept as nanoseconds since this instant.
 static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
 
+/// The instant lease times count from: the process's, or a simulated world's start (so that
+/// each world's times are its own, whatever ran before it in the process).
+fn epoch() -> Instant {
+    #[cfg(feature = "sim")]
+    if let Some(epoch) = crate::sim::epoch() {
+        return epoch;
+    }
+    *EPOCH
+}
+
 /// Now, as nanoseconds since the engine's epoch.
 pub(crate) fn now() -> u64 {
     nanos_at(Instant::now())
 }
 
 pub(crate) fn nanos_at(at: Instant) -> u64 {
-    nanos(at.saturating_duration_since(*EPOCH))
+    nanos(at.saturating_duration_since(epoch()))
 }
 
 pub(crate) fn instant_at(nanos: u64) -> Instant {
     // Saturates instead of overflowing: "never" is a few centuries away, not a panic.
-    EPOCH
+    epoch()
         .checked_add(Duration::from_nanos(nanos))
         .unwrap_or_else(far_future)
 }
 
-/// The wall clock, ms since the Unix epoch: when a lease was taken as its value says, and when
-/// a waiter began waiting as its reservation says (0 before the epoch).
-pub(crate) fn epoch_millis() -> u64 {
+/// The wall clock, µs since the Unix epoch (0 before it): the server's clock of the in-memory
+/// deployment. In a simulation, simulated time from a fixed start.
+pub(crate) fn epoch_micros() -> u64 {
+    #[cfg(feature = "sim")]
+    if let Some(micros) = crate::sim::epoch_micros() {
+        return micros;
+    }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, millis)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
+/// The wall clock as one client reads it: when its leases were taken as their values say, and
+/// when its waiters began waiting as their reservations say. A simulated client's may be off by
+/// its own skew, as a host's clock is.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wall {
+    skew_ms: i64,
+}
+
+impl Wall {
+    /// A clock `skew_ms` ahead of the world's (behind when negative).
+    #[cfg(feature = "sim")]
+    pub(crate) fn skewed(skew_ms: i64) -> Self {
+        Self { skew_ms }
+    }
+
+    /// Now, in ms since the Unix epoch.
+    pub(crate) fn millis(self) -> u64 {
+        (epoch_micros() / 1000).saturating_add_signed(self.skew_ms)
+    }
 }
 
 /// `from + wait`, saturating: `Duration::MAX` means "wait forever", not an overflow.
@@ -62,8 +99,13 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
-/// A random fraction in `[0, 1)`, for spreading retries; not for secrets.
+/// A random fraction in `[0, 1)`, for spreading retries; not for secrets. In a simulation,
+/// drawn from its seed.
 pub(crate) fn random_unit() -> f64 {
+    #[cfg(feature = "sim")]
+    if let Some(unit) = crate::sim::unit() {
+        return unit;
+    }
     rand::random::<f64>()
 }
 

@@ -25,12 +25,17 @@ use crate::renewal::RenewalQueue;
 use crate::right::{Keeper, ReleaseRight};
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
-use crate::store::protocol::Origin;
+use crate::store::protocol::{Origin, new_token};
 use crate::store::{Store, release_before, release_until_settled};
 use crate::waiters::WaitQueue;
 
 pub(crate) struct Engine {
+    /// Unique in the process: a task's held leases name the engine that took them.
     pub(crate) id: u64,
+    /// The next lease id ([`next_lease_id`](Self::next_lease_id)).
+    lease_ids: AtomicU64,
+    /// The wall clock as this client reads it.
+    wall: clock::Wall,
     store: Arc<dyn Store>,
     renewals: RenewalQueue,
     waits: WaitQueue,
@@ -93,6 +98,7 @@ pub(crate) struct Timing {
     pub(crate) scan_interval: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) shutdown_timeout: Duration,
+    pub(crate) wall: clock::Wall,
 }
 
 /// Whether an acquisition found the lock busy before it took it: its wait is zero otherwise.
@@ -114,6 +120,8 @@ impl Engine {
         let renewals = RenewalQueue::start(store.clone(), timing.scan_interval, &background);
         Self {
             id: IDS.fetch_add(1, Ordering::Relaxed),
+            lease_ids: AtomicU64::new(1),
+            wall: timing.wall,
             waits: WaitQueue::start(store.clone(), &background, renewals.checker()),
             renewals,
             store,
@@ -135,7 +143,7 @@ impl Engine {
 
     /// The value a lease of `token` taken now stores: the token, the time, and who takes it.
     fn value_of(&self, token: &str) -> String {
-        self.origin.value(token, clock::epoch_millis())
+        self.origin.value(token, self.wall.millis())
     }
 
     /// Sends an acquire in its turn (see [`REQUESTS_IN_FLIGHT`]): its reply, and when it went
@@ -154,6 +162,12 @@ impl Engine {
     async fn release_in_turn<T: metrics::Answer>(&self, request: impl Future<Output = T>) -> T {
         let _turn = self.in_flight.take().await;
         metrics::timed("release", request).await
+    }
+
+    /// A lease's id in this engine's watchdog registry. Counted per engine, not per process, so
+    /// the registry's order does not depend on what else ran in the process before.
+    fn next_lease_id(&self) -> u64 {
+        self.lease_ids.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The deployment, for inspection (`crate::inspect`).
@@ -361,43 +375,5 @@ impl Keeper for Engine {
         if !lease.is_finished() {
             self.renewals.deregister(lease.id);
         }
-    }
-}
-
-/// A lease's id in the watchdog's registry: unique within the process.
-fn next_lease_id() -> u64 {
-    static IDS: AtomicU64 = AtomicU64::new(1);
-    IDS.fetch_add(1, Ordering::Relaxed)
-}
-
-/// A fresh token, proof that a lease is ours: a UUID v4 (122 random bits from uuid's
-/// `fast-rng`, a thread-local CSPRNG, so no system call per token) in its simple form, 32
-/// lowercase hex digits without hyphens.
-fn new_token() -> String {
-    let mut hex = [0; uuid::fmt::Simple::LENGTH];
-    uuid::Uuid::new_v4()
-        .simple()
-        .encode_lower(&mut hex)
-        .to_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::new_token;
-
-    #[test]
-    fn a_token_is_a_uuid_v4_in_simple_form_and_fresh_each_time() {
-        let token = new_token();
-        assert_eq!(token.len(), 32, "{token}");
-        assert!(
-            token
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
-            "{token}"
-        );
-        let uuid = uuid::Uuid::parse_str(&token).expect("a UUID");
-        assert_eq!(uuid.get_version(), Some(uuid::Version::Random), "{token}");
-        assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{token}");
-        assert_ne!(token, new_token());
     }
 }

@@ -1,5 +1,9 @@
 //! The one error type of the crate: every way a locked call can end without running to completion.
 
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
 /// Why a locked call did not run, or did not run to its end.
 ///
 /// A function under `#[redis_lock]` returns `Result<T, E>` with `E: From<LockError>`, so these
@@ -209,6 +213,70 @@ impl std::fmt::Debug for LockError {
     }
 }
 
+/// A store's failure as the `source` of a [`LockError::Redis`], with the store's verdict on
+/// whether it heals, for [`LockError::is_transient`]: the store judges, this module knows none.
+pub(crate) struct Shared {
+    source: Arc<dyn Error + Send + Sync>,
+    /// What the store judged of the failure when it made the error.
+    healing: Option<Healing>,
+}
+
+impl Shared {
+    pub(crate) fn new(source: Arc<dyn Error + Send + Sync>, healing: Option<Healing>) -> Self {
+        Self { source, healing }
+    }
+
+    pub(crate) fn healing(&self) -> Option<Healing> {
+        self.healing
+    }
+}
+
+/// Why a failure may pass on its own: what a waiting call waits out, and how the metrics count
+/// its looks made again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Healing {
+    /// A connection lost, refused or reset, or no answer in time.
+    Unreachable,
+    /// A failover under way: `READONLY`, `MOVED`, `ASK`, `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`,
+    /// `MASTERDOWN`, or no master known to the sentinels.
+    Failover,
+    /// A grant no replica acknowledged in time (it was undone).
+    Unacknowledged,
+    /// Fewer than a majority of Redlock's masters answered alike.
+    NoQuorum,
+}
+
+impl Healing {
+    /// The metrics label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::Failover => "failover",
+            Self::Unacknowledged => "unacknowledged",
+            Self::NoQuorum => "no_quorum",
+        }
+    }
+}
+
+/// As the error it shares: the wrapper is no news to whoever reads the `Debug` output.
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl Error for Shared {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.source()
+    }
+}
+
 fn for_key(key: &Option<String>) -> String {
     key.as_deref()
         .map(|key| format!(" for lock `{key}`"))
@@ -241,10 +309,13 @@ impl LockError {
 
     /// Why a failure to reach or hear from the deployment may pass on its own; `None` for
     /// every other error.
-    pub(crate) fn healing(&self) -> Option<crate::store::Healing> {
+    pub(crate) fn healing(&self) -> Option<Healing> {
         match self {
-            Self::Redis { source, .. } => crate::store::healing(source.as_ref()),
-            Self::NoQuorum { .. } => Some(crate::store::Healing::NoQuorum),
+            // What the store judged when it made the error; anything else is taken to heal.
+            Self::Redis { source, .. } => source
+                .downcast_ref::<Shared>()
+                .map_or(Some(Healing::Unreachable), Shared::healing),
+            Self::NoQuorum { .. } => Some(Healing::NoQuorum),
             _ => None,
         }
     }

@@ -19,11 +19,8 @@ use crate::client::LockClient;
 use crate::error::LockError;
 use crate::key::check_key;
 use crate::options::LockKind;
-use crate::store::protocol::{Announcement, LockValue};
+use crate::store::protocol::{Announcement, LockValue, hint};
 use crate::store::{Cursor, ReleaseFeed, Snapshot, Store, StoreError};
-
-/// How many characters of a holder's token inspection shows.
-const TOKEN_HINT_CHARS: usize = 4;
 
 /// How often [`LockClient::watch`] looks at its key between announcements: it notices an
 /// expiry (which nothing announces) and a holder taking a free key within this long.
@@ -239,16 +236,6 @@ pub enum LockEvent {
 
 fn token_hint(token: &str) -> String {
     hint(token).to_owned()
-}
-
-/// At most the first 4 characters of `token`: what `inspect`, `watch` and the command-line tool
-/// show of a holder, and what the library's log events carry as `token_hint`, so a log line
-/// can be matched with what an operator sees.
-pub(crate) fn hint(token: &str) -> &str {
-    token
-        .char_indices()
-        .nth(TOKEN_HINT_CHARS)
-        .map_or(token, |(end, _)| &token[..end])
 }
 
 /// The event of a holder of `value` taking the key, with `time_left`.
@@ -557,7 +544,7 @@ impl Watcher {
         if !self.look_now
             && let Some(feed) = self.feed.as_mut()
         {
-            tokio::select! {
+            crate::sync::select! {
                 heard = feed.next_release() => match heard {
                     Some(released) if released.key == self.key => self.heard(&released.message),
                     Some(_) => return Ok(()),

@@ -16,10 +16,10 @@ use tracing::Instrument;
 use crate::context;
 use crate::engine::Engine;
 use crate::error::LockError;
-use crate::inspect::hint;
 use crate::metrics::End;
 use crate::right::ReleaseRight;
 use crate::state::LeaseState;
+use crate::store::protocol::hint;
 
 /// A held lock. Renewed in the background while alive; released when [`release`](Lease::release)d
 /// or dropped.

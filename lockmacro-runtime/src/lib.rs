@@ -81,19 +81,24 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// Bottom: time, what a runtime offers, keys, options, errors, a lease's shared state.
+// Each group uses only itself and the groups above it, and no module imports one that imports
+// it back, directly or not.
+// Bottom: time, what a runtime offers, keys, options, errors.
 mod clock;
 mod error;
 mod health;
 mod key;
 mod metrics;
 mod options;
-mod right;
 mod rt;
-mod state;
+#[cfg(feature = "sim")]
+mod sim;
 mod sync;
 // The seam and the deployments behind it: the only users of `redis`.
 mod store;
+// A lease's shared state, and the right to release it.
+mod right;
+mod state;
 // The watchdog, the waiters and the engine that ties them together.
 mod background;
 mod engine;
@@ -113,6 +118,19 @@ pub mod axum;
 
 #[doc(hidden)]
 pub mod __private;
+
+/// The deterministic simulator's entry points (feature `sim`): not an API for applications.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub mod __sim {
+    pub use crate::sim::{draw, run};
+
+    /// A new in-memory store, for [`LockClient::simulated`](crate::LockClient::simulated).
+    pub fn memory() -> crate::MemoryHooks {
+        crate::store::memory::MemoryStore::default().hooks()
+    }
+}
+
 // Named in the compiler's messages about misuse of the attribute: at the root, so a message
 // says `LeaseLength`, not the private module's path.
 #[doc(hidden)]

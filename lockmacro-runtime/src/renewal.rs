@@ -169,7 +169,7 @@ async fn watch(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let wake_at = scan(&shared);
         shared.planned_wake.store(wake_at, Ordering::Release);
-        tokio::select! {
+        crate::sync::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(clock::instant_at(wake_at)) => {}
             () = shared.wake.notified() => {}
@@ -291,7 +291,7 @@ async fn renew(shared: &Shared, due: &[Arc<LeaseState>]) {
             }
             Renewal::Lost(reason) => {
                 metrics::renewal(&lease.prefix, "lost");
-                tracing::warn!(key = %lease.key, token_hint = %crate::inspect::hint(lease.token()), %reason, "lock lost at renewal");
+                tracing::warn!(key = %lease.key, token_hint = %protocol::hint(lease.token()), %reason, "lock lost at renewal");
                 lease.mark_lost(reason);
             }
             Renewal::Failed(error) => {

@@ -15,8 +15,8 @@
 //! rather than at the backoff's next try: its waiter's look was just answered, so Redis is most
 //! likely back, and without a subscription it would sleep out the holder's whole lease.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use crate::renewal::{LeaseCheck, LeaseChecker};
 use crate::right::ReleaseRight;
 use crate::store::protocol::{self, Announcement};
 use crate::store::{ReleaseFeed, Store, StoreError};
-use crate::sync::lock;
+use crate::sync::{Map, lock};
 
 /// The longest pause between two tries to reopen a lost subscription: once Redis is back, its
 /// waiters hear releases again within this (they look at each failed try meanwhile).
@@ -52,7 +52,7 @@ pub(crate) struct WaitQueue {
     listening: std::sync::atomic::AtomicBool,
 }
 
-type Keys = Mutex<HashMap<String, Arc<KeyWaiters>>>;
+type Keys = Mutex<Map<String, Arc<KeyWaiters>>>;
 
 struct KeyWaiters {
     released: Notify,
@@ -71,7 +71,9 @@ struct KeyWaiters {
     starving: std::sync::atomic::AtomicUsize,
     /// Parked callers, by token, that a release may hand the key to (they reserved it): woken
     /// alone when an announcement names them.
-    expecting: Mutex<HashMap<String, Arc<Notify>>>,
+    expecting: Mutex<Map<String, Arc<Notify>>>,
+    /// The next offer's id ([`Ticket::offer`]).
+    offers: std::sync::atomic::AtomicU64,
     /// The value of this client's last release of the key: its waiters were woken already, so
     /// the announcement of that release is no news.
     released_here: Mutex<Option<String>>,
@@ -291,7 +293,8 @@ impl WaitQueue {
                     candidates: Mutex::new(VecDeque::new()),
                     parked: std::sync::atomic::AtomicUsize::new(0),
                     starving: std::sync::atomic::AtomicUsize::new(0),
-                    expecting: Mutex::new(HashMap::new()),
+                    expecting: Mutex::new(Map::default()),
+                    offers: std::sync::atomic::AtomicU64::new(1),
                     released_here: Mutex::new(None),
                 })
             })
@@ -344,8 +347,7 @@ impl Ticket<'_> {
     /// Offers to take the lock straight from a release of this client, as `token` with
     /// `options`, until the offer is withdrawn.
     pub(crate) fn offer(&self, token: &str, options: &LockOptions) -> Offer {
-        static OFFERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let id = OFFERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = (self.waiters.offers).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (told, outcome) = oneshot::channel();
         lock(&self.waiters.candidates).push_back(Candidate {
             offer: id,
@@ -595,7 +597,7 @@ impl Listener {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            crate::sync::select! {
                 () = stop.cancelled() => return,
                 command = commands.recv() => match command {
                     Some(command) => self.obey(command).await,

@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Engine, Waited, new_token, next_lease_id};
+use super::{Engine, Waited, new_token};
 use crate::clock;
 use crate::error::LockError;
-use crate::inspect::hint;
 use crate::metrics::{self, Prefix};
 use crate::options::LockOptions;
 use crate::right::ReleaseRight;
 use crate::rt::{self, Driver};
 use crate::state::LeaseState;
+use crate::store::protocol::hint;
 use crate::store::{AcquireRequest, Acquired};
 
 /// What one attempt found.
@@ -150,7 +150,7 @@ impl Engine {
         match reply {
             Ok(Acquired::Taken { fencing_token }) => {
                 let lease = Arc::new(LeaseState::new(
-                    next_lease_id(),
+                    self.next_lease_id(),
                     self.id,
                     key.to_owned(),
                     value,

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::acquire::Looking;
 use super::wait::{LooksAgain, Since, Stay};
-use super::{Engine, new_token, next_lease_id};
+use super::{Engine, new_token};
 use crate::clock;
 use crate::error::LockError;
 use crate::metrics::{self, Prefix};
@@ -125,7 +125,7 @@ impl Engine {
         match reply {
             Ok(AcquiredMany::Taken) => {
                 let lease = LeaseState::new(
-                    next_lease_id(),
+                    self.next_lease_id(),
                     self.id,
                     keys[0].clone(),
                     value,
@@ -166,7 +166,7 @@ impl Engine {
         wait: Duration,
     ) -> Result<Arc<LeaseState>, LockError> {
         let give_up = clock::after(Instant::now(), wait);
-        let since = Since::now();
+        let since = Since::now(self.wall);
         // One token for every attempt: a busy attempt took nothing (keys handed to this token
         // by a release are this caller's: its next look confirms them).
         let token = new_token();
@@ -210,7 +210,7 @@ impl Engine {
                 Err(error) => {
                     // The same token looks again, as a single key's wait does.
                     let pause = looks_again.after(error, &keys[0], give_up, &prefix)?;
-                    tokio::select! {
+                    crate::sync::select! {
                         () = tokio::time::sleep(pause) => continue,
                         () = self.closing.cancelled() => {
                             return Err(LockError::ShutDown { key: keys[0].clone() });
@@ -233,7 +233,7 @@ impl Engine {
                 ticket = None;
                 tracing::debug!(key = %busy, "one of the locks is busy; waiting for its release");
                 let joined = ticket.insert(self.waits.join(busy, true, prefix.clone()));
-                let heard = tokio::select! {
+                let heard = crate::sync::select! {
                     heard = joined.subscribed(left) => heard,
                     () = self.closing.cancelled() => {
                         return Err(LockError::ShutDown { key: keys[0].clone() });
@@ -267,7 +267,7 @@ impl Engine {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            crate::sync::select! {
                 () = ticket.released_or(clock::after(Instant::now(), fallback.min(left)), heard) => {}
                 () = handed => {}
                 () = self.closing.cancelled() => {

@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use super::{Engine, next_lease_id};
+use super::Engine;
 use crate::clock;
 use crate::error::LockError;
-use crate::inspect::hint;
 use crate::metrics;
 use crate::options::LockKind;
 use crate::right::ReleaseRight;
 use crate::state::LeaseState;
+use crate::store::protocol::hint;
 use crate::store::{HandOver, HandsOver, LeaseRef};
 use crate::waiters::{Candidate, Handing};
 
@@ -91,7 +91,7 @@ impl Engine {
             HandOver::Handed => {
                 metrics::release(&lease.prefix, "confirmed");
                 let handed = Arc::new(LeaseState::new(
-                    next_lease_id(),
+                    self.next_lease_id(),
                     self.id,
                     lease.key.clone(),
                     value,

@@ -14,11 +14,11 @@ use super::acquire::{Attempt, Looking};
 use super::{Engine, Waited, new_token};
 use crate::clock;
 use crate::error::LockError;
-use crate::inspect::hint;
 use crate::metrics::Prefix;
 use crate::options::{LockKind, LockOptions};
 use crate::state::LeaseState;
 use crate::store::protocol::STARVING_AFTER;
+use crate::store::protocol::hint;
 use crate::waiters::{Expecting, Handing, Offer, Ticket};
 
 /// When a waiter began, and when it is owed the lock: the bound of `protocol::STARVING_AFTER`
@@ -31,10 +31,10 @@ pub(super) struct Since {
 }
 
 impl Since {
-    pub(super) fn now() -> Self {
+    pub(super) fn now(wall: clock::Wall) -> Self {
         Self {
             starving_at: Instant::now() + STARVING_AFTER,
-            wall_millis: clock::epoch_millis(),
+            wall_millis: wall.millis(),
         }
     }
 
@@ -170,7 +170,7 @@ impl Engine {
         wait: Duration,
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         let give_up = clock::after(Instant::now(), wait);
-        let since = Since::now();
+        let since = Since::now(self.wall);
         // Only an exclusive, unfair caller is handed a lock it reserved: readers share a hash,
         // and a fair queue serves its waiters in their order already.
         let may_reserve = options.kind == LockKind::Exclusive && !options.fair;
@@ -272,7 +272,7 @@ impl Engine {
                     // so it never removes what a later look took.
                     let pause = looks_again.after(error, &key, give_up, &prefix)?;
                     waited = Waited::Yes;
-                    tokio::select! {
+                    crate::sync::select! {
                         () = tokio::time::sleep(pause) => continue,
                         () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
                     }
@@ -299,7 +299,7 @@ impl Engine {
                     let everyone = options.fair || options.kind != LockKind::Exclusive;
                     let prefix = Prefix::of(options.label);
                     let joined = ticket.insert(self.waits.join(&key, everyone, prefix));
-                    let heard = tokio::select! {
+                    let heard = crate::sync::select! {
                         heard = joined.subscribed(left) => heard,
                         () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
                     };
@@ -382,7 +382,7 @@ impl Engine {
         };
         let mut handed_elsewhere = std::pin::pin!(handed_elsewhere);
         loop {
-            let settled = tokio::select! {
+            let settled = crate::sync::select! {
                 () = ticket.released_or(parking.until, parking.heard) => None,
                 () = &mut handed_elsewhere => {
                     tracing::debug!(key = %key, token_hint = %hint(token), "the lock was handed to this caller by a release");

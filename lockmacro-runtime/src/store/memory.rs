@@ -10,7 +10,7 @@
 //! clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
 //! milliseconds. [`MemoryHooks`] provokes what is rare against a real Redis.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -24,9 +24,11 @@ use super::{
     AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, LeaseRef, ManyRequest, Page,
     ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
 };
+use crate::clock;
 use crate::error::LostReason;
 use crate::health::{Health, NodeHealth, NodeRole};
 use crate::options::LockKind;
+use crate::sync::{Map, Set};
 
 /// One store: clones share it.
 #[derive(Clone, Default)]
@@ -54,26 +56,26 @@ impl Default for Inner {
 
 #[derive(Default)]
 struct Data {
-    locks: HashMap<String, Held>,
+    locks: Map<String, Held>,
     /// The last fencing token handed out per key: kept for the store's life, so tokens only grow.
-    fences: HashMap<String, u64>,
+    fences: Map<String, u64>,
     /// How many feeds listen for releases of each key.
-    listeners: HashMap<String, usize>,
+    listeners: Map<String, usize>,
     /// Keys a watch follows, each until its mark lapses (`protocol::WATCH_MARK_LIFE`).
-    watched: HashMap<String, Instant>,
+    watched: Map<String, Instant>,
     /// Fair queues: waiting tokens in arrival order, each with the time its place lapses.
-    queues: HashMap<String, VecDeque<(String, Instant)>>,
+    queues: Map<String, VecDeque<(String, Instant)>>,
     /// Writers waiting for readers to leave, each until its claim lapses.
-    writers: HashMap<String, HashMap<String, Instant>>,
+    writers: Map<String, Map<String, Instant>>,
     /// The callers waiting for each key, by token, each until its entry lapses; and how fast
     /// they were served (as the scripts' waiters hash and its `served` field).
-    waiters: HashMap<String, Waiters>,
+    waiters: Map<String, Waiters>,
 }
 
 /// The callers waiting for one key (see `protocol::Names::waiters`).
 #[derive(Default)]
 struct Waiters {
-    entries: HashMap<String, Instant>,
+    entries: Map<String, Instant>,
     /// The last caller served, and the mean time between two (`None` after the first).
     served: Option<(Instant, Option<Duration>)>,
 }
@@ -94,7 +96,7 @@ enum Held {
     Shared {
         kind: LockKind,
         /// Each holder's value, and its expiry.
-        holders: HashMap<String, Instant>,
+        holders: Map<String, Instant>,
     },
     /// Not a lock: what the key holds, as `NotALock` names it.
     Foreign(String),
@@ -433,7 +435,7 @@ impl Data {
                             key.to_owned(),
                             Held::Shared {
                                 kind,
-                                holders: HashMap::new(),
+                                holders: Map::default(),
                             },
                         );
                         match self.locks.get_mut(key) {
@@ -657,9 +659,7 @@ impl Store for MemoryStore {
             }
             let fencing_token = request.fencing.then(|| {
                 // As Redis's: never below the clock, and above the key's last token.
-                let clock = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |since| since.as_micros() as u64);
+                let clock = clock::epoch_micros();
                 let fence = data.fences.entry(request.key.to_owned()).or_insert(0);
                 *fence = (*fence + 1).max(protocol::fencing_floor(clock));
                 *fence
@@ -855,7 +855,7 @@ impl Store for MemoryStore {
             Ok(Box::new(MemoryFeed {
                 store: self.clone(),
                 releases: self.inner.releases.subscribe(),
-                watched: HashSet::new(),
+                watched: Set::default(),
             }) as Box<dyn ReleaseFeed>)
         })
     }
@@ -944,7 +944,7 @@ impl Store for MemoryStore {
 struct MemoryFeed {
     store: MemoryStore,
     releases: broadcast::Receiver<Released>,
-    watched: HashSet<String>,
+    watched: Set<String>,
 }
 
 impl ReleaseFeed for MemoryFeed {
@@ -1034,7 +1034,7 @@ fn forget_listener(data: &mut Data, key: &str) {
 /// ```
 #[derive(Clone)]
 pub struct MemoryHooks {
-    store: MemoryStore,
+    pub(crate) store: MemoryStore,
 }
 
 impl std::fmt::Debug for MemoryHooks {
@@ -1044,12 +1044,6 @@ impl std::fmt::Debug for MemoryHooks {
 }
 
 impl MemoryHooks {
-    /// Another client over the same store, as another process would have: its own watchdog,
-    /// waiters and reentrancy (clones of one client share those).
-    pub fn client(&self) -> crate::LockClient {
-        crate::LockClient::over_memory(self.store.clone())
-    }
-
     /// The token holding `key`, `None` when the key is free (or holds no lock).
     pub fn holder(&self, key: &str) -> Option<String> {
         self.holders(key).into_iter().next()
@@ -1108,7 +1102,7 @@ impl MemoryHooks {
     /// Lets another owner take `key` for `ttl`, replacing any holder: the holder learns `Lost`
     /// at its next renewal. Returns the other owner's token.
     pub fn take_over(&self, key: &str, ttl: Duration) -> String {
-        let token = format!("{:032x}", rand::random::<u128>());
+        let token = protocol::new_token();
         let value = protocol::Origin::new("another-host", 1, "another-owner").value(&token, 0);
         self.store.data().locks.insert(
             key.to_owned(),

@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::clock::Backoff;
-use crate::error::{LockError, LostReason};
+pub(crate) use crate::error::Healing;
+use crate::error::{LockError, LostReason, Shared};
 use crate::health::Health;
 use crate::metrics;
 use crate::options::LockKind;
@@ -182,6 +183,7 @@ impl AcquireRequest<'_> {
     }
 
     /// The token of its value.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     pub(crate) fn token(&self) -> &str {
         protocol::holder_token(self.value)
     }
@@ -417,10 +419,13 @@ impl StoreError {
 
     pub(crate) fn into_lock_error(self, key: Option<&str>) -> LockError {
         match self {
-            Self::Unavailable(source) => LockError::Redis {
-                key: key.map(str::to_owned),
-                source: Box::new(Shared(source)),
-            },
+            Self::Unavailable(source) => {
+                let healing = healing(source.as_ref());
+                LockError::Redis {
+                    key: key.map(str::to_owned),
+                    source: Box::new(Shared::new(source, healing)),
+                }
+            }
             Self::Unusable(error) => {
                 Arc::try_unwrap(error).unwrap_or_else(|shared| LockError::Config {
                     message: shared.to_string(),
@@ -446,41 +451,14 @@ impl StoreError {
     }
 }
 
-/// Why a failure may pass on its own: what a waiting call waits out, and how the metrics count
-/// its looks made again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Healing {
-    /// A connection lost, refused or reset, or no answer in time.
-    Unreachable,
-    /// A failover under way: `READONLY`, `MOVED`, `ASK`, `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`,
-    /// `MASTERDOWN`, or no master known to the sentinels.
-    Failover,
-    /// A grant no replica acknowledged in time (it was undone).
-    Unacknowledged,
-    /// Fewer than a majority of Redlock's masters answered alike.
-    NoQuorum,
-}
-
-impl Healing {
-    /// The metrics label.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Unreachable => "unreachable",
-            Self::Failover => "failover",
-            Self::Unacknowledged => "unacknowledged",
-            Self::NoQuorum => "no_quorum",
-        }
-    }
-}
-
 /// What would make looking again after `error` succeed with nobody changing anything, if
 /// anything: its first source that says decides. A refused password or ACL, a peer that does
 /// not speak RESP, a script's error do not heal.
 pub(crate) fn healing(error: &(dyn Error + 'static)) -> Option<Healing> {
     let mut next = Some(error);
     while let Some(error) = next {
-        if let Some(Shared(shared)) = error.downcast_ref::<Shared>() {
-            return healing(shared.as_ref());
+        if let Some(shared) = error.downcast_ref::<Shared>() {
+            return shared.healing();
         }
         if error.is::<Refused>() {
             return None;
@@ -569,28 +547,6 @@ impl fmt::Display for StoreError {
                 )
             }
         }
-    }
-}
-
-/// A shared error as the `source` of a [`LockError`].
-struct Shared(Arc<dyn Error + Send + Sync>);
-
-/// As the error it shares: the wrapper is no news to whoever reads the `Debug` output.
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl Error for Shared {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.0.source()
     }
 }
 

@@ -382,6 +382,34 @@ pub fn holder_token(value: &str) -> &str {
     &value[..end]
 }
 
+/// A fresh token, proof that a lease is ours: a UUID v4 (122 random bits from uuid's
+/// `fast-rng`, a thread-local CSPRNG, so no system call per token) in its simple form, 32
+/// lowercase hex digits without hyphens. In a simulation, drawn from its seed.
+pub(crate) fn new_token() -> String {
+    #[cfg(feature = "sim")]
+    if let Some(token) = crate::sim::token() {
+        return token;
+    }
+    let mut hex = [0; uuid::fmt::Simple::LENGTH];
+    uuid::Uuid::new_v4()
+        .simple()
+        .encode_lower(&mut hex)
+        .to_owned()
+}
+
+/// How many characters of a holder's token inspection shows.
+const TOKEN_HINT_CHARS: usize = 4;
+
+/// At most the first 4 characters of `token`: what `inspect`, `watch` and the command-line tool
+/// show of a holder, and what the library's log events carry as `token_hint`, so a log line
+/// can be matched with what an operator sees.
+pub(crate) fn hint(token: &str) -> &str {
+    token
+        .char_indices()
+        .nth(TOKEN_HINT_CHARS)
+        .map_or(token, |(end, _)| &token[..end])
+}
+
 /// Whether `token` looks like a lock token the library makes: 32 lowercase hex digits (128
 /// random bits), or a UUID, hyphenated (`8-4-4-4-12` hex digits) or simple. The one test of
 /// "is this string value a lock of ours", so that inspection never takes any string key for
@@ -922,5 +950,21 @@ mod tests {
                 Ok(name) => assert_eq!(Slot::for_key(&name), Slot::for_key(key), "{key} -> {name}"),
             }
         }
+    }
+
+    #[test]
+    fn a_token_is_a_uuid_v4_in_simple_form_and_fresh_each_time() {
+        let token = new_token();
+        assert_eq!(token.len(), 32, "{token}");
+        assert!(
+            token
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{token}"
+        );
+        let uuid = uuid::Uuid::parse_str(&token).expect("a UUID");
+        assert_eq!(uuid.get_version(), Some(uuid::Version::Random), "{token}");
+        assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{token}");
+        assert_ne!(token, new_token());
     }
 }

@@ -20,7 +20,7 @@
 //! - Fencing is refused: the largest counter over a quorum need not grow, since the next holder's
 //!   quorum may miss the master that counted the last token.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -45,7 +45,7 @@ use crate::error::{LockError, LostReason};
 use crate::health::{Health, NodeRole};
 use crate::metrics;
 use crate::options::LockKind;
-use crate::sync::lock;
+use crate::sync::{Set, lock};
 
 /// A master's `Busy`: the first busy key, the time until it may be free, the estimated wait.
 type BusyAnswer = (usize, Option<Duration>, Option<Duration>);
@@ -864,7 +864,7 @@ impl Store for RedlockStore {
                 masters: self.masters.clone(),
                 path: self.path.clone(),
                 feeds,
-                watched: HashSet::new(),
+                watched: Set::default(),
                 reopen_at: down.then(|| Instant::now() + reopen.next_delay()),
                 reopen,
                 reopening,
@@ -1143,7 +1143,7 @@ struct QuorumFeed {
     /// One per master; `None` while its subscription is down.
     feeds: Vec<Option<Box<dyn ReleaseFeed>>>,
     /// The keys watched, to subscribe again on a master that comes back.
-    watched: HashSet<String>,
+    watched: Set<String>,
     reopen: Backoff,
     /// When to try the masters whose subscription is down.
     reopen_at: Option<Instant>,
@@ -1414,7 +1414,7 @@ impl ReleaseFeed for QuorumFeed {
                         None => std::future::pending().await,
                     }
                 };
-                let woke = tokio::select! {
+                let woke = crate::sync::select! {
                     ((index, released), _, _) = heard => Woke::Heard(index, released),
                     () = reopen => Woke::Reopen,
                     Some((index, opened)) = self.arrivals.recv() => Woke::Arrived(index, opened),
