@@ -1,5 +1,5 @@
 //! Failovers under load, for Sentinel and Cluster: a master killed, a planned failover, a slot
-//! resharded. Calls made during the change fail with `LockError::Redis` (or succeed); after it
+//! resharded, a replica resynced; and, for callers that wait, a network blip on one Redis. Calls made during the change fail with `LockError::Redis` (or succeed); after it
 //! the next calls work within seconds; and no two holders ever overlap unless one of them was
 //! told it lost the lock.
 //!
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockError, LockOptions};
-use testkit::{RedisCluster, RedisSentinel};
+use testkit::{Fault, FaultProxy, RedisCluster, RedisSentinel, RedisServer};
 use tokio::time::Instant;
 
 /// What one locked call saw.
@@ -496,4 +496,30 @@ fn token_in(stored: redis::Value) -> Option<String> {
         ),
         _ => None,
     }
+}
+
+/// One Redis behind a link that blackholes everything for 1.5 s and then resets its
+/// connections (a blip, as when a middlebox drops its state): callers with a 10 s wait ride it
+/// out with no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_blip_is_a_wait_for_waiting_callers() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let url = proxy.url();
+    let clients = waiting_callers(|| LockClient::builder(&url)).await;
+    let stop = Instant::now() + Duration::from_secs(6);
+    let run = tokio::spawn(counter_run_on(
+        clients,
+        4,
+        waiting_options(),
+        "rides:blip",
+        stop,
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.set(Fault::Blackhole);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    proxy.heal();
+    proxy.reset_all();
+    let tally = run.await.unwrap();
+    assert_rode_it_out("one Redis, a network blip", &tally);
 }
