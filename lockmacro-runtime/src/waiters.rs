@@ -519,13 +519,15 @@ impl KeyWaiters {
     fn heard(&self, message: &str) {
         let heard = Announcement::parse(message);
         if let Some(token) = heard.handed_to {
-            // Handed to a caller it was reserved for: not free for anyone else. That caller
-            // (if it is one of ours) takes it. The key held one reservation, so every other
-            // waiter's went unrecorded: ours that waited too long look again, to reserve it in
+            // Handed to a caller it was reserved for: not free for anyone else. That caller,
+            // if it is one of ours, takes it (and its release passes the key on to our other
+            // waiters in turn). Handed to a caller elsewhere: the key held one reservation, so
+            // ours went unrecorded, and those that waited too long look again to reserve it in
             // turn, those parked at once and those looking right now as soon as their look is
             // answered (the count of releases heard moved).
             if let Some(handed) = lock(&self.expecting).get(token) {
                 handed.notify_one();
+                return;
             }
             self.releases
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
