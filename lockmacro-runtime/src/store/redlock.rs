@@ -930,10 +930,12 @@ impl Store for RedlockStore {
                 })
                 .collect();
             let (mut reached, mut failed) = (0, Vec::new());
+            let mut answered = vec![false; self.masters.len()];
             while reached < quorum {
                 let Some((index, connected)) = connecting.next().await else {
                     break;
                 };
+                answered[index] = true;
                 self.note(index, &connected);
                 match connected {
                     Ok(()) => reached += 1,
@@ -941,12 +943,29 @@ impl Store for RedlockStore {
                 }
             }
             if !connecting.is_empty() {
-                let store = self.clone();
-                self.settings.background.spawn(async move {
+                // A moment more for the others, as an acquire waits; one still connecting then
+                // (hung, or behind a silent link) is out of the path until a probe hears it,
+                // so it costs the first acquires nothing either.
+                let late = tokio::time::timeout(Self::GRACE, async {
                     while let Some((index, connected)) = connecting.next().await {
-                        store.note(index, &connected);
+                        answered[index] = true;
+                        self.note(index, &connected);
                     }
                 });
+                if late.await.is_err() {
+                    let silent = StoreError::unavailable(
+                        "not connected when a majority of the masters was; probed in the background",
+                    );
+                    for index in (0..self.masters.len()).filter(|&index| !answered[index]) {
+                        self.take_out(index, &silent);
+                    }
+                    let store = self.clone();
+                    self.settings.background.spawn(async move {
+                        while let Some((index, connected)) = connecting.next().await {
+                            store.note(index, &connected);
+                        }
+                    });
+                }
             }
             if reached >= quorum {
                 if !failed.is_empty() {
