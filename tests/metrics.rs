@@ -321,6 +321,34 @@ async fn an_unreachable_redis_counts_as_an_error() {
     assert_eq!(recorded.counter("lockmacro_acquisitions_total", &error), 1);
 }
 
+/// A waiting call whose Redis is away looks again until its wait runs out, each look counted
+/// with its reason; it still counts once, as an error, when the wait ends with Redis gone.
+#[tokio::test]
+async fn looks_made_again_through_an_outage_are_counted_by_reason() {
+    let recorded = recorded();
+    let mut server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    server.kill();
+    let outcome = locks
+        .run_locked(
+            "outage:1",
+            labelled("outage", 1000).wait(Duration::from_millis(300)),
+            async {},
+        )
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::Redis { .. })),
+        "{outcome:?}"
+    );
+    let again = [("prefix", "outage"), ("reason", "unreachable")];
+    assert!(
+        recorded.counter("lockmacro_looks_again_total", &again) >= 2,
+        "a 300 ms wait looks again every 25-50 ms at first"
+    );
+    let error = [("prefix", "outage"), ("outcome", "error")];
+    assert_eq!(recorded.counter("lockmacro_acquisitions_total", &error), 1);
+}
+
 #[tokio::test]
 async fn renewals_are_counted_until_they_run_out() {
     let recorded = recorded();
