@@ -28,18 +28,21 @@ use testkit::{Cluster, Deployment, InMemory, Redlock, SingleRedis};
 use tokio::time::Instant;
 
 /// The longest a waiter may sleep while the key it waits for is free: far above a round trip
-/// on a loaded machine, far below a lease (the defect this guards against slept a whole ttl).
-const FREE_SLEEP_LIMIT: Duration = Duration::from_millis(500);
+/// on a loaded machine (beside a 2-core CPU hog, 875 and 891 ms were seen in memory, on a
+/// runtime of real time and threads), far below a lease (the defect this guards against slept
+/// a whole ttl). The exact bound, a round trip in simulated time, belongs to the simulator
+/// (`scripts/sim.sh`); here it is generous, and the longest sleep is printed.
+const FREE_SLEEP_LIMIT: Duration = Duration::from_millis(1_500);
 /// The same for fair waiters alone: one that is not at the head of the queue looks again a
 /// third of a lease later at the latest ([`TTL`] / 3, jittered), plus the same margin.
-const FAIR_FREE_SLEEP_LIMIT: Duration = Duration::from_millis(2_000 / 3 + 500);
-/// Every lease: long enough that no hold needs a renewal, short enough that a waiter sleeping
-/// out a lease is seen.
-const TTL: Duration = Duration::from_secs(2);
+const FAIR_FREE_SLEEP_LIMIT: Duration = Duration::from_millis(4_000 / 3 + 1_500);
+/// Every lease: long enough that no hold needs a renewal, and that a waiter sleeping out a
+/// lease is seen past [`FREE_SLEEP_LIMIT`].
+const TTL: Duration = Duration::from_secs(4);
 const MAX_HOLD_MS: u64 = 60;
 const MAX_HOLD_AT_LEAST_MS: u64 = 300;
 /// A lease's local validity: [`TTL`] less the drift margin (ttl / 100 + 2 ms).
-const VALIDITY: Duration = Duration::from_millis(2_000 - 22);
+const VALIDITY: Duration = Duration::from_millis(4_000 - 42);
 const MAX_CALLS: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

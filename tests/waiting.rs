@@ -391,8 +391,11 @@ fn processes_take_turns_fairly(target: testkit::turns::Target, keys: &[&str]) {
         summary.busy
     );
     assert_eq!(summary.failed, 0, "calls failed");
+    // Generous for 2 loaded cores (a cluster run made 102 / 218 / 149, 2.14, beside a test
+    // run): the defect this guards against made 1 842 against 11. FIFO turns between processes
+    // are measured by the bench (issue 50), not bounded here.
     assert!(
-        summary.share_ratio() <= 2.0,
+        summary.share_ratio() <= 3.0,
         "a process kept the key to itself: acquisitions per process {:?}",
         summary.held_per_process
     );
