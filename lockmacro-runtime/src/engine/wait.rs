@@ -396,9 +396,12 @@ impl Engine {
             let handing = match (settled, offer.take()) {
                 (Some(handing), _) => handing,
                 (None, None) => return Ok(None),
+                // News came (a release, or the key handed to this caller): a release that
+                // declined the offer meanwhile is that news, or older; look again. (The
+                // hand-over announcement, once heard, is not awaited again.)
                 (None, Some(offer)) => match offer.withdraw().await {
+                    None | Some(Handing::Declined) => return Ok(None),
                     Some(handing) => handing,
-                    None => return Ok(None),
                 },
             };
             match handing {
