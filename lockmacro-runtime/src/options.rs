@@ -55,6 +55,28 @@ pub struct LockOptions {
     pub(crate) label: Option<&'static str>,
 }
 
+/// How a waiting caller waits: decided once from its options, for one key or a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitPolicy {
+    /// Its looks reserve the key once it has waited past `protocol::STARVING_AFTER`: an
+    /// exclusive caller that is not fair (readers share the key, and a fair queue serves its
+    /// waiters in their order already).
+    pub(crate) reserves: bool,
+    /// Its first look already keeps its place: in a fair queue, or as a waiting writer that keeps
+    /// new readers out. An exclusive lock's first look is a plain `SET NX` instead (most find the
+    /// key free), and it keeps its place from its second.
+    pub(crate) keeps_place_at_once: bool,
+    /// Each release of the key wakes it, with every waiter like it of this client: readers can
+    /// all go in at once, a fair queue's head may be anyone, and a caller of several keys may
+    /// still find another one busy. Otherwise a release wakes the longest-parked waiter of the
+    /// client, and a new waiter queues behind the client's others.
+    pub(crate) wakes_everyone: bool,
+    /// A release of this client may hand it the key, saving the release's announcement and its
+    /// own look (where the deployment hands over): an exclusive caller of one key, neither fair
+    /// nor fenced.
+    pub(crate) takes_hand_over: bool,
+}
+
 /// Who may hold one key at the same time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -230,6 +252,18 @@ impl LockOptions {
             );
         }
         Ok(())
+    }
+
+    /// How a caller with these options waits for `keys` keys (one, or a list).
+    pub(crate) fn wait_policy(&self, keys: usize) -> WaitPolicy {
+        let exclusive = self.kind == LockKind::Exclusive;
+        let shared_or_fair = !exclusive || self.fair;
+        WaitPolicy {
+            reserves: exclusive && !self.fair,
+            keeps_place_at_once: shared_or_fair,
+            wakes_everyone: shared_or_fair || keys > 1,
+            takes_hand_over: exclusive && !self.fair && !self.fencing && keys == 1,
+        }
     }
 
     /// Who may hold the key at the same time.

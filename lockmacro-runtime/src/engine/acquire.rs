@@ -20,12 +20,18 @@ use crate::store::{AcquireRequest, Acquired};
 /// What one attempt found.
 pub(super) enum Attempt {
     Taken(Arc<LeaseState>),
-    /// Held by another: how long until its lease runs out, and how long a caller coming back
-    /// now may wait (`Busy`'s `retry_after`), when known.
-    Busy {
-        remaining: Option<Duration>,
-        estimate: Option<Duration>,
-    },
+    Busy(Busy),
+}
+
+/// What a look that found the lock busy saw.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Busy {
+    /// Which of the keys asked for kept it out (0 for a lock on one key).
+    pub(super) key: usize,
+    /// How long until the holder's lease runs out, when known.
+    pub(super) remaining: Option<Duration>,
+    /// How long a caller coming back now may wait (`Busy`'s `retry_after`), when known.
+    pub(super) estimate: Option<Duration>,
 }
 
 /// How an attempt that finds the lock busy goes on.
@@ -47,24 +53,10 @@ impl Engine {
         key: String,
         options: &LockOptions,
     ) -> Result<Arc<LeaseState>, LockError> {
-        let prefix = Prefix::of(options.label);
         // Read only for a wait's metrics: a clock read is not free.
         let started = options.wait.map(|_| Instant::now());
         let taken = self.take(key, options).await;
-        let outcome = match &taken {
-            Ok(_) => "acquired",
-            Err(LockError::Busy { .. }) => "busy",
-            Err(_) => "error",
-        };
-        metrics::acquisition(&prefix, outcome);
-        if let Some(started) = started {
-            let waited = match &taken {
-                Ok((_, Waited::No)) => Duration::ZERO,
-                _ => started.elapsed(),
-            };
-            metrics::waited(&prefix, waited);
-        }
-        taken.map(|(lease, _)| lease)
+        record(options, started, taken)
     }
 
     async fn take(
@@ -79,21 +71,29 @@ impl Engine {
         };
         self.background.ensure_running();
         let (lease, waited) = self.acquire_or_wait(key, options).await?;
-        if self.closing.takes.is_closed() {
-            // Taken while the client shut down: give it back at once.
-            // Unconfirmed, the right drops: released in the background. Its work never started,
-            // so a hold does not apply.
-            lease.drop_hold();
-            if let Some(right) = ReleaseRight::claim(&lease, self)
-                && self.store.release(lease.lease_ref()).await.is_ok()
-            {
-                right.disarm();
-            }
-            return Err(LockError::ShutDown {
-                key: lease.key.clone(),
-            });
+        Ok((self.unless_shut(lease).await?, waited))
+    }
+
+    /// `lease`, unless the client began to shut down while it was taken: then it is given back
+    /// at once, and the call ends `ShutDown`.
+    pub(super) async fn unless_shut(
+        self: &Arc<Self>,
+        lease: Arc<LeaseState>,
+    ) -> Result<Arc<LeaseState>, LockError> {
+        if !self.closing.takes.is_closed() {
+            return Ok(lease);
         }
-        Ok((lease, waited))
+        // Its work never started, so a hold does not apply. Unconfirmed, the right drops: it
+        // releases in the background.
+        lease.drop_hold();
+        if let Some(right) = ReleaseRight::claim(&lease, self)
+            && self.store.release(lease.lease_ref()).await.is_ok()
+        {
+            right.disarm();
+        }
+        Err(LockError::ShutDown {
+            key: lease.key.clone(),
+        })
     }
 
     async fn acquire_or_wait(
@@ -107,15 +107,30 @@ impl Engine {
                 .await?
             {
                 Attempt::Taken(lease) => Ok((lease, Waited::No)),
-                Attempt::Busy { estimate, .. } => Err(LockError::Busy {
+                Attempt::Busy(busy) => Err(LockError::Busy {
                     key,
-                    retry_after: estimate,
+                    retry_after: busy.estimate,
                 }),
             };
         };
         // Boxed: the waiting path's state machine is large, and inline it would make every
         // caller's future as large, copied on each acquisition, waiting or not.
-        Box::pin(self.wait_for(key, options, wait)).await
+        let keys = [key];
+        Box::pin(self.wait_for(&keys, options, wait)).await
+    }
+
+    /// One attempt to take every key of `keys` (one, or a list) for `token`.
+    pub(super) async fn try_acquire_keys(
+        &self,
+        keys: &[String],
+        token: &str,
+        options: &LockOptions,
+        looking: Looking,
+    ) -> Result<Attempt, LockError> {
+        match keys {
+            [key] => self.try_acquire(key, token, options, looking).await,
+            keys => self.try_acquire_many(keys, token, options, looking).await,
+        }
     }
 
     /// One attempt to take `key` for `token`; a waiting attempt keeps the caller's place when
@@ -167,10 +182,11 @@ impl Engine {
                 estimate,
             }) => {
                 tracing::debug!(key = %key, "lock busy");
-                Ok(Attempt::Busy {
+                Ok(Attempt::Busy(Busy {
+                    key: 0,
                     remaining,
                     estimate,
-                })
+                }))
             }
             Err(error) => Err(error.into_lock_error(Some(key))),
         }
@@ -184,4 +200,27 @@ impl Engine {
                 .max(Duration::from_millis(1)),
         )
     }
+}
+
+/// Counts an acquisition's outcome, and how long it waited: zero when it found the lock free.
+pub(super) fn record(
+    options: &LockOptions,
+    started: Option<Instant>,
+    taken: Result<(Arc<LeaseState>, Waited), LockError>,
+) -> Result<Arc<LeaseState>, LockError> {
+    let prefix = Prefix::of(options.label);
+    let outcome = match &taken {
+        Ok(_) => "acquired",
+        Err(LockError::Busy { .. }) => "busy",
+        Err(_) => "error",
+    };
+    metrics::acquisition(&prefix, outcome);
+    if let Some(started) = started {
+        let waited = match &taken {
+            Ok((_, Waited::No)) => Duration::ZERO,
+            _ => started.elapsed(),
+        };
+        metrics::waited(&prefix, waited);
+    }
+    taken.map(|(lease, _)| lease)
 }

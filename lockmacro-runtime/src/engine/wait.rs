@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{Attempt, Looking};
+use super::acquire::{Attempt, Busy, Looking};
 use super::{Engine, Waited, new_token};
 use crate::clock;
 use crate::error::LockError;
 use crate::metrics::Prefix;
-use crate::options::{LockKind, LockOptions};
+use crate::options::{LockOptions, WaitPolicy};
 use crate::state::LeaseState;
 use crate::store::protocol::STARVING_AFTER;
 use crate::store::protocol::hint;
@@ -88,7 +88,7 @@ impl<'e> Stay<'e> {
     }
 
     /// The caller took the lock: nothing to leave.
-    pub(super) fn took(mut self) {
+    pub(super) fn took(&mut self) {
         self.token = None;
     }
 
@@ -162,85 +162,112 @@ impl LooksAgain {
 }
 
 impl Engine {
-    /// Takes `key`, waiting at most `wait` for it.
+    /// Takes every key of `keys` (one, or a list), waiting at most `wait` for them.
     pub(super) async fn wait_for(
         &self,
-        key: String,
+        keys: &[String],
         options: &LockOptions,
         wait: Duration,
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
-        let give_up = clock::after(Instant::now(), wait);
-        let since = Since::now(self.wall);
-        // Only an exclusive, unfair caller is handed a lock it reserved: readers share a hash,
-        // and a fair queue serves its waiters in their order already.
-        let may_reserve = options.kind == LockKind::Exclusive && !options.fair;
-        // One token for every attempt of this wait: it keeps its place in a fair queue, its
-        // claim as a waiting writer and its reservation. Only `Busy` leads to another attempt,
-        // and a busy attempt took nothing, so nothing of an earlier attempt can be mistaken for
-        // the new lease (a key handed to this token is this caller's: its next look confirms it).
-        let mut token = new_token();
-        let mut stay = Stay::new(self, std::slice::from_ref(&key), options.ttl);
-        let mut ticket: Option<Ticket<'_>> = None;
-        let mut expecting: Option<Expecting> = None;
-        let mut polls = clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        let mut waited = Waited::No;
-        // A fair waiter keeps its place in the queue from its first attempt. An exclusive
-        // lock's first attempt is a plain `SET NX` (most find the key free, and no earlier
-        // attempt of this token left a claim to clear); from its second attempt a writer that
-        // waits on readers also keeps new readers out, and a busy key is marked as waited for
-        // (its release is announced only then).
-        let mut keeps_place = options.fair || options.kind != LockKind::Exclusive;
-        // The next look is one made only to reserve the key, after waiting too long; and what
-        // the last look that was answered saw.
-        let mut reserving_only = false;
-        let mut last_seen = (None, None);
-        let mut looks_again = LooksAgain::new();
-        let prefix = Prefix::of(options.label);
-        if options.kind == LockKind::Exclusive && !options.fair && self.waits.anyone_waits(&key) {
+        Waiter::new(self, keys, options, wait).wait().await
+    }
+
+    /// Gives back, in the background, whatever `token` may hold of `key`: a token a hand-over
+    /// may have put there without either side learning it. No work ran under it, so the key is
+    /// freed whatever `hold_at_least` says; `ttl` bounds the tries.
+    pub(super) fn give_up_token(&self, key: &str, token: &str, ttl: Duration) {
+        self.leave_in_background(key, token, ttl);
+    }
+}
+
+/// A caller waiting for a busy lock, on one key or a list: the same loop for both, which differ
+/// only in how they look (`Engine::try_acquire_keys`) and in their [`WaitPolicy`].
+///
+/// It looks; when busy, it listens on this client's queue of the key that kept it out (and
+/// subscribes to that key's releases), then parks until a release is heard, the key is handed
+/// to it, or its fallback: the holder's lease running out (a holder that died announces
+/// nothing), or the moment it has waited too long and its next look reserves the key.
+struct Waiter<'e> {
+    engine: &'e Engine,
+    keys: &'e [String],
+    options: &'e LockOptions,
+    policy: WaitPolicy,
+    prefix: Prefix,
+    give_up: Instant,
+    since: Since,
+    /// The key was reserved for this caller by a look: an announcement that it was handed to
+    /// the caller wakes it. (Dropped before the ticket it was taken from.)
+    reservation: Option<Expecting>,
+    /// This client's queue of the key that kept the caller out at its last look.
+    ticket: Option<Ticket<'e>>,
+    stay: Stay<'e>,
+    /// One token for every look of this wait: it keeps its place in a fair queue, its claim as
+    /// a waiting writer and its reservation. A busy look took nothing, and a look that failed
+    /// is undone by the deployment comparing its whole value, so nothing of an earlier look is
+    /// mistaken for the new lease (a key handed to this token is this caller's: its next look
+    /// confirms it). Replaced only after a hand-over that got no answer.
+    token: String,
+    /// Its looks keep its place: every look after the first, or the first with
+    /// [`WaitPolicy::keeps_place_at_once`].
+    keeps_place: bool,
+    /// The next look is made only to reserve the key, nothing having been heard of it: failing,
+    /// it costs nothing, and the caller waits on as before.
+    reserving_only: bool,
+    /// What the last look that was answered saw.
+    last_busy: Busy,
+    polls: clock::Backoff,
+    looks_again: LooksAgain,
+    waited: Waited,
+}
+
+impl<'e> Waiter<'e> {
+    fn new(
+        engine: &'e Engine,
+        keys: &'e [String],
+        options: &'e LockOptions,
+        wait: Duration,
+    ) -> Self {
+        let policy = options.wait_policy(keys.len());
+        Self {
+            engine,
+            keys,
+            options,
+            policy,
+            prefix: Prefix::of(options.label),
+            give_up: clock::after(Instant::now(), wait),
+            since: Since::now(engine.wall),
+            reservation: None,
+            ticket: None,
+            stay: Stay::new(engine, keys, options.ttl),
+            token: new_token(),
+            keeps_place: policy.keeps_place_at_once,
+            reserving_only: false,
+            last_busy: Busy {
+                key: 0,
+                remaining: None,
+                estimate: None,
+            },
+            polls: clock::Backoff::new(Duration::from_millis(100), Duration::from_secs(1)),
+            looks_again: LooksAgain::new(),
+            waited: Waited::No,
+        }
+    }
+
+    async fn wait(mut self) -> Result<(Arc<LeaseState>, Waited), LockError> {
+        if !self.policy.wakes_everyone && self.engine.waits.anyone_waits(&self.keys[0]) {
             // Others of this client already wait for the key: queue behind them rather than
             // barge in ahead of the waiter a release just woke (a releaser that comes straight
             // back would otherwise take the lock again and again). A release wakes the longest
             // parked first; a short poll covers a queue that has nobody left to release.
-            waited = Waited::Yes;
-            let joined = ticket.insert(self.waits.join(&key, false, Prefix::of(options.label)));
-            let heard = joined.releases_heard();
-            let turn = clock::after(Instant::now(), polls.next_delay()).min(give_up);
-            let parking = Parking {
-                until: turn,
-                heard,
-                expecting: None,
-                starving: false,
-            };
-            if let Some(lease) = self
-                .park(joined, &key, &mut token, options, parking)
-                .await?
-            {
-                return Ok((lease, waited));
+            if let Some(lease) = self.queue_behind().await? {
+                return Ok((lease, self.waited));
             }
-            // Subscribed already: an attempt that finds the key busy marks it, so that its
-            // holder's release is announced.
-            keeps_place = true;
         }
         loop {
             // A release the shutdown sent wakes a waiter too: it must not take the key again.
-            self.shut(&key)?;
-            let heard = ticket.as_ref().map_or(0, Ticket::releases_heard);
-            let looking = match keeps_place {
-                true => since.looking(may_reserve),
-                false => Looking::Once,
-            };
-            if let Looking::Waiting { starving_since } = looking {
-                stay.looks_as(&token);
-                if starving_since.is_some()
-                    && let Some(ticket) = &ticket
-                    && expecting.is_none()
-                {
-                    // Heard from before the look that reserves the key: a release may hand it
-                    // over the moment the reservation lands.
-                    tracing::debug!(key = %key, token_hint = %hint(&token), "waited past the starvation bound; reserving the lock");
-                    expecting = Some(ticket.expect(&token));
-                }
-            }
+            self.engine.shut(&self.keys[0])?;
+            let heard = self.ticket.as_ref().map_or(0, Ticket::releases_heard);
+            let looking = self.looking();
             // Whether this look reserves the key, or (failing) need not be made again at once.
             let mut reserves = matches!(
                 looking,
@@ -248,149 +275,211 @@ impl Engine {
                     starving_since: Some(_)
                 }
             );
-            let attempt = self.try_acquire(&key, &token, options, looking);
-            let (remaining, estimate) = match attempt.await {
-                Ok(Attempt::Taken(lease)) => {
-                    stay.took();
-                    return Ok((lease, waited));
-                }
-                Ok(Attempt::Busy {
-                    remaining,
-                    estimate,
-                }) => (remaining, estimate),
-                // A look made only to reserve the key (nothing was heard of it) that failed
-                // costs the waiter nothing: it waits on as it did before that look.
-                Err(error) if reserving_only => {
-                    tracing::debug!(key = %key, error = %error, "a look to reserve the lock failed; waiting on");
+            let look = self
+                .engine
+                .try_acquire_keys(self.keys, &self.token, self.options, looking);
+            let busy = match look.await {
+                Ok(Attempt::Taken(lease)) => return Ok(self.took(lease)),
+                Ok(Attempt::Busy(busy)) => busy,
+                Err(error) if self.reserving_only => {
+                    tracing::debug!(key = %self.keys[0], error = %error, "a look to reserve the lock failed; waiting on");
                     reserves = true;
-                    last_seen
+                    self.last_busy
                 }
                 Err(error) => {
                     // The same token looks again: a key the failed look took, or handed to
-                    // its reservation, is this caller's at its next look. The deployment's undo
-                    // of the failed look compares that look's whole value (its time included),
-                    // so it never removes what a later look took.
-                    let pause = looks_again.after(error, &key, give_up, &prefix)?;
-                    waited = Waited::Yes;
-                    crate::sync::select! {
-                        () = tokio::time::sleep(pause) => continue,
-                        () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
-                    }
+                    // its reservation, is this caller's at its next look.
+                    self.pause_after(error).await?;
+                    continue;
                 }
             };
-            looks_again.busy(estimate);
-            last_seen = (remaining, estimate);
-            keeps_place = true;
-            waited = Waited::Yes;
-            let left = give_up.saturating_duration_since(Instant::now());
+            self.looks_again.busy(busy.estimate);
+            self.last_busy = busy;
+            self.keeps_place = true;
+            self.waited = Waited::Yes;
+            let left = self.give_up.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                tracing::debug!(key = %key, token_hint = %hint(&token), "lock still busy when the wait ran out");
+                let key = &self.keys[busy.key];
+                tracing::debug!(key = %key, token_hint = %hint(&self.token), "lock still busy when the wait ran out");
                 return Err(LockError::Busy {
-                    key,
-                    retry_after: estimate,
+                    key: key.clone(),
+                    retry_after: busy.estimate,
                 });
             }
-            let ticket = match &ticket {
-                Some(ticket) => ticket,
-                None => {
-                    tracing::debug!(key = %key, token_hint = %hint(&token), "lock busy; waiting for its release");
-                    // Readers can all go in at once, and a fair queue's head may be anyone:
-                    // every such waiter looks at each release, not just one.
-                    let everyone = options.fair || options.kind != LockKind::Exclusive;
-                    let prefix = Prefix::of(options.label);
-                    let joined = ticket.insert(self.waits.join(&key, everyone, prefix));
-                    let heard = crate::sync::select! {
-                        heard = joined.subscribed(left) => heard,
-                        () = self.closing.cancelled() => return Err(LockError::ShutDown { key }),
-                    };
-                    if heard {
-                        // Subscribed: no release can slip by unheard from now on. Look again.
-                        continue;
-                    }
-                    joined
-                }
-            };
-            // A holder that died announces nothing: sleep at most its remaining lease.
-            let mut fallback = match remaining {
-                Some(remaining) => clock::jittered(remaining, 0.05) + Duration::from_millis(1),
-                None => polls.next_delay(),
-            };
-            if options.fair {
-                // Come back well within the time a place in the fair queue is kept.
-                fallback = fallback.min(options.ttl.max(Duration::from_secs(1)) / 3);
-            }
-            let mut wakes_to_reserve = false;
-            if may_reserve && !reserves {
-                // Look again once it has waited too long: that look reserves the key. A look
-                // sent before the bound and answered after it reserved nothing: look again at
-                // once (a busy client may hand the key around inside itself, announcing
-                // nothing, for as long as the holder's lease).
-                let until = since.until_starving().unwrap_or_default();
-                wakes_to_reserve = until <= fallback;
-                fallback = fallback.min(until);
-            }
-            let parking = Parking {
-                until: clock::after(Instant::now(), fallback).min(give_up),
-                heard,
-                expecting: expecting.as_ref(),
-                starving: may_reserve && since.starving(),
-            };
-            let parked = self.park(ticket, &key, &mut token, options, parking);
-            if let Some(lease) = parked.await? {
-                stay.took();
-                return Ok((lease, waited));
-            }
-            reserving_only = wakes_to_reserve && ticket.releases_heard() == heard;
-            if expecting
+            if self
+                .ticket
                 .as_ref()
-                .is_some_and(|expecting| !expecting.is_for(&token))
+                .is_none_or(|ticket| ticket.key() != self.keys[busy.key])
+                && self.listen(busy.key, left).await?
+            {
+                // Subscribed, and its looks keep its place from now on: no release can slip
+                // by unheard. Look again.
+                continue;
+            }
+            let (until, wakes_to_reserve) = self.fallback(busy.remaining, reserves);
+            let parking = Parking {
+                until,
+                heard,
+                starving: self.policy.reserves && self.since.starving(),
+            };
+            if let Some(lease) = self.park(parking).await? {
+                return Ok(self.took(lease));
+            }
+            let Some(ticket) = &self.ticket else {
+                continue;
+            };
+            self.reserving_only = wakes_to_reserve && ticket.releases_heard() == heard;
+            if self
+                .reservation
+                .as_ref()
+                .is_some_and(|reservation| !reservation.is_for(&self.token))
             {
                 // The token changed (a hand-over that got no answer): expect the new one.
-                expecting = Some(ticket.expect(&token));
+                self.reservation = Some(ticket.expect(&self.token));
             }
         }
     }
 
-    /// Waits for a release of the key (heard since `parking.heard`), at most its fallback, or
-    /// for an announcement that the key was handed to this caller. A waiter that asks for
-    /// nothing but the exclusive lock also offers to be handed it by a release of this client,
-    /// saving the release's announcement and its own `SET`: `Some` is the lease handed to it. A
-    /// hand-over that got no answer leaves `token` given up and replaced. `ShutDown` when the
-    /// client shuts down.
-    async fn park(
-        &self,
-        ticket: &Ticket<'_>,
-        key: &str,
-        token: &mut String,
-        options: &LockOptions,
-        parking: Parking<'_>,
-    ) -> Result<Option<Arc<LeaseState>>, LockError> {
-        let takes_hand_over = options.kind == LockKind::Exclusive
-            && !options.fair
-            && !options.fencing
-            && self.store.hands_over().is_some();
+    /// How its next look goes on; a look that keeps its place leaves something behind (see
+    /// [`Stay`]), and one that reserves the key may have it handed over the moment the
+    /// reservation lands: the caller expects that from before the look.
+    fn looking(&mut self) -> Looking {
+        if !self.keeps_place {
+            return Looking::Once;
+        }
+        let looking = self.since.looking(self.policy.reserves);
+        self.stay.looks_as(&self.token);
+        if let Looking::Waiting {
+            starving_since: Some(_),
+        } = looking
+            && let Some(ticket) = &self.ticket
+            && self.reservation.is_none()
+        {
+            tracing::debug!(key = %ticket.key(), token_hint = %hint(&self.token), "waited past the starvation bound; reserving the lock");
+            self.reservation = Some(ticket.expect(&self.token));
+        }
+        looking
+    }
+
+    /// The lease it took: nothing is left to leave.
+    fn took(&mut self, lease: Arc<LeaseState>) -> (Arc<LeaseState>, Waited) {
+        self.stay.took();
+        (lease, self.waited)
+    }
+
+    /// Pauses after a look the deployment failed, or ends the call (see [`LooksAgain`]).
+    async fn pause_after(&mut self, error: LockError) -> Result<(), LockError> {
+        let key = &self.keys[0];
+        let pause = self
+            .looks_again
+            .after(error, key, self.give_up, &self.prefix)?;
+        self.waited = Waited::Yes;
+        crate::sync::select! {
+            () = tokio::time::sleep(pause) => Ok(()),
+            () = self.engine.closing.cancelled() => Err(LockError::ShutDown { key: key.clone() }),
+        }
+    }
+
+    /// Joins this client's queue of the key at `key` (leaving any other), and waits at most
+    /// `left` for its releases to be heard: `true` when they are.
+    async fn listen(&mut self, key: usize, left: Duration) -> Result<bool, LockError> {
+        self.reservation = None;
+        self.ticket = None;
+        let key = &self.keys[key];
+        tracing::debug!(key = %key, token_hint = %hint(&self.token), "lock busy; waiting for its release");
+        let joined = self
+            .engine
+            .waits
+            .join(key, self.policy.wakes_everyone, self.prefix.clone());
+        let ticket = self.ticket.insert(joined);
+        crate::sync::select! {
+            heard = ticket.subscribed(left) => Ok(heard),
+            () = self.engine.closing.cancelled() => {
+                Err(LockError::ShutDown { key: self.keys[0].clone() })
+            }
+        }
+    }
+
+    /// Parks first, behind this client's other waiters for the key.
+    async fn queue_behind(&mut self) -> Result<Option<Arc<LeaseState>>, LockError> {
+        self.waited = Waited::Yes;
+        let joined = (self.engine.waits).join(&self.keys[0], false, self.prefix.clone());
+        let heard = self.ticket.insert(joined).releases_heard();
+        let turn = clock::after(Instant::now(), self.polls.next_delay()).min(self.give_up);
+        let parking = Parking {
+            until: turn,
+            heard,
+            starving: false,
+        };
+        let lease = self.park(parking).await?;
+        // Subscribed already: a look that finds the key busy marks it, so that its holder's
+        // release is announced.
+        self.keeps_place = true;
+        Ok(lease)
+    }
+
+    /// When it wakes without news, and whether that is to reserve the key: a look that would
+    /// have reserved it (`reserves`) or that comes after it must not.
+    fn fallback(&mut self, remaining: Option<Duration>, reserves: bool) -> (Instant, bool) {
+        // A holder that died announces nothing: sleep at most its remaining lease.
+        let mut fallback = match remaining {
+            Some(remaining) => clock::jittered(remaining, 0.05) + Duration::from_millis(1),
+            None => self.polls.next_delay(),
+        };
+        if self.options.fair {
+            // Come back well within the time a place in the fair queue is kept.
+            fallback = fallback.min(self.options.ttl.max(Duration::from_secs(1)) / 3);
+        }
+        let mut wakes_to_reserve = false;
+        if self.policy.reserves && !reserves {
+            // Look again once it has waited too long: that look reserves the key. A look sent
+            // before the bound and answered after it reserved nothing: look again at once (a
+            // busy client may hand the key around inside itself, announcing nothing, for as
+            // long as the holder's lease).
+            let until = self.since.until_starving().unwrap_or_default();
+            wakes_to_reserve = until <= fallback;
+            fallback = fallback.min(until);
+        }
+        let until = clock::after(Instant::now(), fallback).min(self.give_up);
+        (until, wakes_to_reserve)
+    }
+
+    /// Waits for a release of the key (heard since `parking.heard`), at most until
+    /// `parking.until`, or for an announcement that the key was handed to this caller. A waiter
+    /// that [takes hand-overs](WaitPolicy::takes_hand_over) also offers to be handed the key by
+    /// a release of this client, saving the release's announcement and its own look: `Some` is
+    /// the lease handed to it. A hand-over that got no answer leaves its token given up and
+    /// replaced. `ShutDown` when the client shuts down.
+    async fn park(&mut self, parking: Parking) -> Result<Option<Arc<LeaseState>>, LockError> {
+        let Some(ticket) = &self.ticket else {
+            return Ok(None);
+        };
+        let engine = self.engine;
+        let key = ticket.key();
+        let takes_hand_over = self.policy.takes_hand_over && engine.store.hands_over().is_some();
         let _parked = ticket.park(parking.starving);
         let mut offer = takes_hand_over.then(|| {
-            tracing::debug!(key = %key, token_hint = %hint(token), "parked until the lock is released or handed to this caller");
-            ticket.offer(token, options)
+            tracing::debug!(key = %key, token_hint = %hint(&self.token), "parked until the lock is released or handed to this caller");
+            ticket.offer(&self.token, self.options)
         });
-        let handed_elsewhere = async {
-            match parking.expecting {
-                Some(expecting) => expecting.handed().await,
+        let reservation = &self.reservation;
+        let handed = async {
+            match reservation {
+                Some(reservation) => reservation.handed().await,
                 None => std::future::pending().await,
             }
         };
-        let mut handed_elsewhere = std::pin::pin!(handed_elsewhere);
+        let mut handed = std::pin::pin!(handed);
         loop {
             let settled = crate::sync::select! {
                 () = ticket.released_or(parking.until, parking.heard) => None,
-                () = &mut handed_elsewhere => {
-                    tracing::debug!(key = %key, token_hint = %hint(token), "the lock was handed to this caller by a release");
+                () = &mut handed => {
+                    tracing::debug!(key = %key, token_hint = %hint(&self.token), "the lock was handed to this caller by a release");
                     None
                 }
                 handing = Offer::settled(&mut offer) => Some(handing),
-                () = self.closing.cancelled() => {
-                    return Err(LockError::ShutDown { key: key.to_owned() });
+                () = engine.closing.cancelled() => {
+                    return Err(LockError::ShutDown { key: self.keys[0].clone() });
                 }
             };
             let handing = match (settled, offer.take()) {
@@ -410,31 +499,22 @@ impl Engine {
                 // Wait for the announcement of that release (or the fallback).
                 Handing::Declined => {}
                 Handing::Uncertain => {
-                    self.give_up_token(key, token, options.ttl);
-                    *token = new_token();
+                    engine.give_up_token(key, &self.token, self.options.ttl);
+                    self.token = new_token();
                     return Ok(None);
                 }
             }
         }
     }
-
-    /// Gives back, in the background, whatever `token` may hold of `key`: a token a hand-over
-    /// may have put there without either side learning it. No work ran under it, so the key is
-    /// freed whatever `hold_at_least` says; `ttl` bounds the tries.
-    pub(super) fn give_up_token(&self, key: &str, token: &str, ttl: Duration) {
-        self.leave_in_background(key, token, ttl);
-    }
 }
 
 /// How a waiter parks.
-struct Parking<'a> {
+struct Parking {
     /// When it wakes without news: its fallback, or the end of its wait. A hand-over declined
     /// meanwhile does not push it back.
     until: Instant,
     /// The releases heard before its last look.
     heard: u64,
-    /// It reserved the key: an announcement that the key was handed to it wakes it.
-    expecting: Option<&'a Expecting>,
     /// It waited too long: one that reserves the key at each look.
     starving: bool,
 }
