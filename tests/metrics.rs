@@ -305,6 +305,44 @@ async fn busy_calls_and_waits_are_counted_and_timed() {
 }
 
 #[tokio::test]
+async fn key_lists_record_their_waits_as_one_key_does() {
+    let recorded = recorded();
+    let server = RedisServer::start();
+    let locks = fast_client(&server).await;
+    let prefix = [("prefix", "listwaits")];
+    let options = labelled("listwaits", 1000).wait(Duration::from_secs(10));
+
+    // Free keys taken at once with `wait` set: a wait of zero, not the call's time.
+    locks
+        .run_locked_many(["listwaits:a", "listwaits:b"], options, async {})
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded.samples("lockmacro_wait_seconds", &prefix),
+        vec![0.0]
+    );
+
+    let held = locks
+        .acquire("listwaits:b", labelled("listwaits", 5000))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move { (locks.run_locked_many(["listwaits:a", "listwaits:b"], options, async {})).await }
+    });
+    gauge_reaches("lockmacro_waiters", &prefix, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(50)).await; // a wait long enough to measure
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+    let waits = recorded.samples("lockmacro_wait_seconds", &prefix);
+    assert_eq!(waits.len(), 2, "{waits:?}");
+    assert!(
+        waits[1] >= 0.05,
+        "the waiter waited at least 50 ms: {waits:?}"
+    );
+}
+
+#[tokio::test]
 async fn an_unreachable_redis_counts_as_an_error() {
     let recorded = recorded();
     let mut server = RedisServer::start();
