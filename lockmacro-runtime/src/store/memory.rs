@@ -382,13 +382,15 @@ impl Data {
         }
         let lease_end = now + request.ttl;
         let writer_waits = request.kind == LockKind::Read && self.writer_waits(key, now);
+        let watched = self.watched(key, now);
         match (request.kind, self.live(key, now)) {
             (LockKind::Exclusive, None) => {
                 let held = Held::Exclusive {
                     value: request.value.to_owned(),
                     expires: lease_end,
-                    // Fair waiters all look at each release: a fair holder's is announced.
-                    waited: request.fair,
+                    // Fair waiters all look at each release: a fair holder's is announced, as
+                    // a watched key's holder's.
+                    waited: request.fair || watched,
                     reserved: None,
                 };
                 self.locks.insert(key.to_owned(), held);
@@ -530,6 +532,7 @@ impl Data {
             });
         }
         for key in request.keys {
+            let watched = self.watched(key, now);
             match self.live(key, now) {
                 Some(Held::Exclusive { value, expires, .. }) => {
                     request.value.clone_into(value);
@@ -539,7 +542,7 @@ impl Data {
                     let held = Held::Exclusive {
                         value: request.value.to_owned(),
                         expires: now + request.ttl,
-                        waited: false,
+                        waited: watched,
                         reserved: None,
                     };
                     self.locks.insert(key.clone(), held);
@@ -568,8 +571,13 @@ impl Data {
                     holders.insert(lease.value.to_owned(), now + lease.ttl);
                     Renewal::Extended
                 }
-                // Another owner's, or gone: never re-created.
+                // Another owner's (another value, or a string of another application), or
+                // gone (a shared lock without our field, or a hash that is no lock): never
+                // re-created.
                 Some(Held::Exclusive { .. }) => Renewal::Lost(LostReason::Taken),
+                Some(Held::Foreign(found)) if found != protocol::FOREIGN_HASH => {
+                    Renewal::Lost(LostReason::Taken)
+                }
                 _ => Renewal::Lost(LostReason::Gone),
             })
             .collect()
@@ -773,10 +781,14 @@ impl Data {
         }
     }
 
-    /// watch.lua: a watch follows `key` for a while: its releases are announced.
+    /// watch.lua: a watch follows `key` for a while: its releases are announced, and its
+    /// holder is marked, so that its release is announced even once the watch has gone.
     fn watch(&mut self, key: &str, now: Instant) {
         self.watched
             .insert(key.to_owned(), now + protocol::WATCH_MARK_LIFE);
+        if let Some(Held::Exclusive { waited, .. }) = self.live(key, now) {
+            *waited = true;
+        }
     }
 
     /// force_release.lua: every holder of `key` goes, each announced, and the key on the
