@@ -4,8 +4,8 @@
 //! It keeps Redis's semantics, not a toy's: a lease is a key with a value and an expiry, taken
 //! only when free, extended only while it holds our value, released by compare-and-delete with
 //! an announcement when a waiter marked it or someone listens for its releases (as the scripts
-//! do), or handed straight to the caller it is reserved for, expiring silently (as Redis keys
-//! do) when its time is up. Waiting callers are counted and served as the scripts count and
+//! do), or handed straight to the caller it is reserved for, or to the next waiter of the same
+//! client (a hand-over, as Redis's), expiring silently (as Redis keys do) when its time is up. Waiting callers are counted and served as the scripts count and
 //! serve them, and data that is no lock ([`MemoryHooks::put_foreign`]) is never written.
 //! Fencing tokens follow the clock floor of `protocol::fencing_floor`, as Redis's do. Time is
 //! tokio's clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
@@ -57,8 +57,8 @@ use tokio::time::Instant;
 use super::inspect::SCAN_COUNT;
 use super::protocol;
 use super::{
-    AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, LeaseRef, ManyRequest, Page,
-    ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
+    AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, HandOver, HandsOver, LeaseRef,
+    ManyRequest, Page, ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
 };
 use crate::clock;
 use crate::error::LostReason;
@@ -736,6 +736,60 @@ impl Data {
     }
 }
 
+/// hand_over.lua.
+impl Data {
+    /// Passes the exclusive `lease` straight to `next` (a waiter of the same client, same key)
+    /// while the key still holds our value: `next`'s value and ttl, with no moment free, and
+    /// the waiter's mark kept. A caller of one key elsewhere that reserved the key is handed it
+    /// instead (announced to it alone). Announced too when a watch follows the key, and when
+    /// the hand-over serves `next`'s own reservation (every other caller that reserved the key
+    /// went unrecorded, and looks again to reserve it in turn).
+    fn hand_over(&mut self, lease: LeaseRef<'_>, next: LeaseRef<'_>, now: Instant) -> HandOver {
+        let key = lease.key;
+        let ours = lease.value;
+        let next_token = protocol::holder_token(next.value);
+        let watched = self.watched(key, now);
+        let (marked, owed) = match self.live(key, now) {
+            Some(Held::Exclusive {
+                value,
+                waited,
+                reserved,
+                ..
+            }) if value == ours => (*waited, reserved.clone()),
+            _ => return HandOver::NotOurs,
+        };
+        let owed_token = owed.as_ref().map(Reserved::token);
+        let owed_one_key = owed.as_ref().is_some_and(|owed| owed.keys == 1);
+        if let Some(owed) = owed.as_ref().filter(|_| owed_one_key)
+            && owed_token != Some(next_token)
+        {
+            self.hand_to(key, owed, now);
+            self.publish(key, handed(ours, owed.token()));
+            return HandOver::HandedElsewhere;
+        }
+        if watched || (owed_one_key && owed_token == Some(next_token)) {
+            self.publish(key, handed(ours, next_token));
+        }
+        // A reservation for a caller of several keys stays for a release of them all; one for
+        // the next holder is served. Watched: the next holder's release is announced too.
+        let reserved = owed.filter(|owed| marked && owed.token() != next_token);
+        let held = Held::Exclusive {
+            value: next.value.to_owned(),
+            expires: now + next.ttl,
+            waited: marked || watched,
+            reserved,
+        };
+        self.locks.insert(key.to_owned(), held);
+        // The next holder waited: it is served, and a claim it made against new readers while
+        // readers held the key goes, as when it takes the key itself.
+        self.served(key, next_token, now);
+        if let Some(writers) = self.writers.get_mut(key) {
+            writers.remove(next_token);
+        }
+        HandOver::Handed
+    }
+}
+
 /// release_many.lua's `owed_all_here`: a caller of several keys is handed them only when they
 /// are all released here at once, each reserved for it (it waits for no other key, or it would
 /// not own them all). `found`: each key of the lease that is ours, with its reservation.
@@ -966,6 +1020,10 @@ impl Store for MemoryStore {
         })
     }
 
+    fn hands_over(&self) -> Option<&dyn HandsOver> {
+        Some(self)
+    }
+
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
         Box::pin(async move {
             Ok(Box::new(MemoryFeed {
@@ -1031,6 +1089,20 @@ impl Store for MemoryStore {
         Box::pin(async move {
             self.injected_failure()?;
             Ok(self.run(|data, now| data.force_release(key, now)))
+        })
+    }
+}
+
+impl HandsOver for MemoryStore {
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(async move {
+            // A hand-over is a release: an injected failure fails it as it would a release.
+            self.injected_failure()?;
+            Ok(self.run(|data, now| data.hand_over(lease, next, now)))
         })
     }
 }
@@ -1211,8 +1283,9 @@ impl MemoryHooks {
         token
     }
 
-    /// Makes the next `operations` calls to the store (acquire, a renewal batch, release) fail
-    /// as an unreachable Redis would: `LockError::Redis` for callers, retries for the watchdog.
+    /// Makes the next `operations` calls to the store (acquire, a renewal batch, release or
+    /// hand-over) fail as an unreachable Redis would: `LockError::Redis` for callers, retries
+    /// for the watchdog.
     pub fn fail_next(&self, operations: u32) {
         self.store
             .inner
