@@ -5,11 +5,13 @@
 //! only when free, extended only while it holds our value, released by compare-and-delete with
 //! an announcement when a waiter marked it or someone listens for its releases (as the scripts
 //! do), or handed straight to the caller it is reserved for, or to the next waiter of the same
-//! client (a hand-over, as Redis's), expiring silently (as Redis keys do) when its time is up. Waiting callers are counted and served as the scripts count and
-//! serve them, and data that is no lock ([`MemoryHooks::put_foreign`]) is never written.
-//! Fencing tokens follow the clock floor of `protocol::fencing_floor`, as Redis's do. Time is
-//! tokio's clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
-//! milliseconds. [`MemoryHooks`] provokes what is rare against a real Redis.
+//! client (a hand-over, as Redis's), expiring silently (as Redis keys do) when its time is up.
+//! Waiting callers are counted and served as the scripts count and serve them, and data that is
+//! no lock ([`MemoryHooks::put_foreign`]) is never written. Fencing tokens follow the clock floor
+//! of `protocol::fencing_floor`, as Redis's do. Time is tokio's clock, so under
+//! `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in milliseconds.
+//! [`MemoryHooks`] provokes what is rare against a real Redis, and shows what is stored and
+//! announced.
 //!
 //! # Beside the scripts
 //!
@@ -48,7 +50,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
@@ -109,6 +111,8 @@ struct Data {
     /// What the operation running now announced, in order: sent once it ends, still under the
     /// lock, so that feeds hear the operations' announcements in the order they ran.
     published: Vec<Released>,
+    /// Who else hears each key's announcements ([`MemoryHooks::announcements`]).
+    recorders: Map<String, Vec<mpsc::Sender<String>>>,
 }
 
 /// The callers waiting for one key (see `protocol::Names::waiters`).
@@ -173,9 +177,26 @@ impl Reserved {
     fn token(&self) -> &str {
         protocol::holder_token(&self.value)
     }
+
+    /// As the scripts write it after the waiter's mark (`protocol::Reservation`).
+    fn stored(&self) -> String {
+        let separator = protocol::RESERVATION_SEPARATOR;
+        format!(
+            "{}{separator}{}{separator}{}{separator}{}",
+            self.since_ms,
+            clock::millis(self.ttl),
+            self.keys,
+            self.value
+        )
+    }
 }
 
 impl Held {
+    /// Whether it is an exclusive lock of `token` (values.lua's `token_of(v) == token`).
+    fn of_token(&self, token: &str) -> bool {
+        matches!(self, Self::Exclusive { value, .. } if protocol::holds(value, token))
+    }
+
     /// When it is free: its holder's expiry, or its last holder's; never for foreign data.
     fn expires(&self) -> Option<Instant> {
         match self {
@@ -495,14 +516,10 @@ impl Data {
         for key in request.keys {
             self.foreign(key)?;
         }
-        let busy = request
-            .keys
-            .iter()
-            .position(|key| match self.live(key, now) {
-                Some(Held::Exclusive { value, .. }) => !protocol::holds(value, token),
-                Some(_) => true,
-                None => false,
-            });
+        let busy = request.keys.iter().position(|key| {
+            self.live(key, now)
+                .is_some_and(|held| !held.of_token(token))
+        });
         if let Some(index) = busy {
             let remaining = self
                 .live(&request.keys[index], now)
@@ -518,7 +535,7 @@ impl Data {
                 for key in request.keys {
                     self.count_waiter(key, token, life, now);
                     if let Some(held) = self.live(key, now)
-                        && !matches!(held, Held::Exclusive { value, .. } if protocol::holds(value, token))
+                        && !held.of_token(token)
                     {
                         held.mark(reservation.clone());
                     }
@@ -826,10 +843,10 @@ impl Data {
                 self.locks.remove(key);
                 self.publish(key, value);
             }
-            Some(Held::Exclusive { reserved, .. }) => {
-                if reserved.as_ref().is_some_and(|next| next.token() == token) {
-                    *reserved = None;
-                }
+            Some(Held::Exclusive { reserved, .. })
+                if reserved.as_ref().is_some_and(|next| next.token() == token) =>
+            {
+                *reserved = None;
             }
             _ => {}
         }
@@ -923,7 +940,11 @@ impl MemoryStore {
     fn run<R>(&self, script: impl FnOnce(&mut Data, Instant) -> R) -> R {
         let mut data = self.data();
         let result = script(&mut data, Instant::now());
+        let data = &mut *data;
         for released in data.published.drain(..) {
+            if let Some(recorders) = data.recorders.get_mut(&released.key) {
+                recorders.retain(|recorder| recorder.send(released.message.clone()).is_ok());
+            }
             // Nobody listening is fine: waiters also go by the holder's remaining lease.
             let _ = self.inner.releases.send(released);
         }
@@ -1231,6 +1252,45 @@ impl MemoryHooks {
             .collect();
         holders.sort();
         holders
+    }
+
+    /// The value of the exclusive lock on `key` as Redis stores it: its holder's value, then
+    /// `+` once a caller waits for it, then the reservation of a caller owed it
+    /// ([`protocol::Stored`](crate::protocol::Stored) reads it). `None` when no exclusive lock
+    /// holds `key`.
+    pub fn stored(&self, key: &str) -> Option<String> {
+        let mut data = self.store.data();
+        let Some(Held::Exclusive {
+            value,
+            waited,
+            reserved,
+            ..
+        }) = data.live(key, Instant::now())
+        else {
+            return None;
+        };
+        let mut stored = value.clone();
+        if *waited {
+            stored.push(protocol::WAITED_MARK);
+        }
+        if let Some(reserved) = reserved {
+            stored.push_str(&reserved.stored());
+        }
+        Some(stored)
+    }
+
+    /// Hears the release announcements of `key` from now on, as a subscriber to its release
+    /// channel would: each message as Redis would publish it
+    /// ([`protocol::Announcement`](crate::protocol::Announcement) reads one), in order, so a
+    /// test sees what a release told the waiters (`try_iter` takes what came so far).
+    pub fn announcements(&self, key: &str) -> mpsc::Receiver<String> {
+        let (recorder, heard) = mpsc::channel();
+        let mut data = self.store.data();
+        data.recorders
+            .entry(key.to_owned())
+            .or_default()
+            .push(recorder);
+        heard
     }
 
     /// Puts another application's string under `key` (as its `SET key hello` would): taking
