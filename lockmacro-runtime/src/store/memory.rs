@@ -39,8 +39,8 @@
 //! | `values.lua`: `look_at` | `Data::foreign`, `Data::live`, `Data::watched` |
 //! | … `token_of`, `parts` | `protocol::holder_token`; `Held::Exclusive`'s `waited`, `reserved` |
 //! | … `before`, `mark` | `Reserved::before`, `Held::mark` |
-//! | `waiters.lua`: `count_waiter`, `served`, `estimate` | `Data::` the same names |
-//! | … the hash's expiry | `Data::waiters_of` |
+//! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle` | `Data::` the same |
+//! | … the hash's expiry | `Waiters::expires`, read by `Data::waiters_of` |
 //! | `holders.lua`: `live_holders` | `Data::live` |
 //! | `PUBLISH`, `SPUBLISH` | `Data::publish` |
 //!
@@ -121,7 +121,14 @@ struct Waiters {
     entries: Map<String, Instant>,
     /// The last caller served, and the mean time between two (`None` after the first).
     served: Option<(Instant, Option<Duration>)>,
+    /// When the scripts' hash expires: with its longest-lived entry, or a while after the
+    /// callers left ([`WAITERS_IDLE_LIFE`]); `None` before anything was counted.
+    expires: Option<Instant>,
 }
+
+/// How long the callers waiting for a key are remembered once nobody is counted (waiters.lua's
+/// `forget_when_idle`): a burst that follows at once finds how fast the last one was served.
+const WAITERS_IDLE_LIFE: Duration = Duration::from_secs(1);
 
 /// What a lock key holds: one exclusive holder, or shared holders each with its own expiry; or
 /// data of another application ([`MemoryHooks::put_foreign`]).
@@ -278,20 +285,30 @@ impl Data {
 
 /// waiters.lua: the callers waiting for a key.
 impl Data {
-    /// The callers waiting for `key`, their entries gone once every one lapsed (as the
-    /// scripts' hash expires with its longest entry).
+    /// The callers waiting for `key`, all gone once the scripts' hash would have expired.
     fn waiters_of(&mut self, key: &str, now: Instant) -> &mut Waiters {
         let waiters = self.waiters.entry(key.to_owned()).or_default();
-        if !waiters.entries.is_empty() && waiters.entries.values().all(|lapses| *lapses <= now) {
+        if waiters.expires.is_some_and(|expires| expires <= now) {
             *waiters = Waiters::default();
         }
         waiters
     }
 
-    /// `count_waiter`: `token` waits for `key` until `now + life`.
+    /// `count_waiter`: `token` waits for `key` until `now + life`; the hash lives as long as
+    /// its longest entry.
     fn count_waiter(&mut self, key: &str, token: &str, life: Duration, now: Instant) {
         let waiters = self.waiters_of(key, now);
         waiters.entries.insert(token.to_owned(), now + life);
+        waiters.expires = waiters.expires.max(Some(now + life));
+    }
+
+    /// `forget_when_idle`: once the hash holds one field at most (the `served` field, or one
+    /// caller's entry), it lives [`WAITERS_IDLE_LIFE`] more.
+    fn forget_when_idle(&mut self, key: &str, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        if waiters.entries.len() + usize::from(waiters.served.is_some()) <= 1 {
+            waiters.expires = Some(now + WAITERS_IDLE_LIFE);
+        }
     }
 
     /// `served`: a waiting caller got `key`.
@@ -308,6 +325,7 @@ impl Data {
             None => None,
         };
         waiters.served = Some((now, mean));
+        self.forget_when_idle(key, now);
     }
 
     /// `estimate`: how long a caller coming back now may wait for `key`.
@@ -834,6 +852,7 @@ impl Data {
     /// announced) if a release handed it to it meanwhile.
     fn leave(&mut self, key: &str, token: &str, now: Instant) {
         self.waiters_of(key, now).entries.remove(token);
+        self.forget_when_idle(key, now);
         if let Some(writers) = self.writers.get_mut(key) {
             writers.remove(token);
         }
@@ -912,13 +931,12 @@ impl Data {
             ),
             Held::Foreign(_) => return None,
         };
-        let waiters = self.waiters.get(key).map_or(0, |waiters| {
-            waiters
-                .entries
-                .values()
-                .filter(|lapses| **lapses > now)
-                .count()
-        });
+        let waiters = self.waiters_of(key, now);
+        let waiters = waiters
+            .entries
+            .values()
+            .filter(|lapses| **lapses > now)
+            .count();
         Some(Snapshot {
             key: key.to_owned(),
             kind,
