@@ -4,15 +4,53 @@
 //! It keeps Redis's semantics, not a toy's: a lease is a key with a value and an expiry, taken
 //! only when free, extended only while it holds our value, released by compare-and-delete with
 //! an announcement when a waiter marked it or someone listens for its releases (as the scripts
-//! do), or handed straight to the caller it is reserved for, expiring silently (as Redis keys
-//! do) when its time is up. Waiting callers are counted and served as the scripts count and
-//! serve them, and data that is no lock ([`MemoryHooks::put_foreign`]) is never written. Fencing tokens follow the clock floor of `protocol::fencing_floor`, as Redis's do. Time is tokio's
-//! clock, so under `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in
-//! milliseconds. [`MemoryHooks`] provokes what is rare against a real Redis.
+//! do), or handed straight to the caller it is reserved for, or to the next waiter of the same
+//! client (a hand-over, as Redis's), expiring silently (as Redis keys do) when its time is up.
+//! Waiting callers are counted and served as the scripts count and serve them, and data that is
+//! no lock ([`MemoryHooks::put_foreign`]) is never written. Fencing tokens follow the clock floor
+//! of `protocol::fencing_floor`, as Redis's do. Time is tokio's clock, so under
+//! `#[tokio::test(start_paused = true)]` a test crosses a 30 s lease in milliseconds.
+//! [`MemoryHooks`] provokes what is rare against a real Redis, and shows what is stored and
+//! announced.
+//!
+//! # Beside the scripts
+//!
+//! Each Lua script of the Redis deployments (`store/scripts/`) is one function of `Data` here,
+//! run under the store's lock as Redis runs a script, alone and at one `now`
+//! (`MemoryStore::run`); the scripts' helpers keep their names. So a change to a script has its
+//! twin here, found by name, and `tests/differential.rs` holds the two against each other:
+//!
+//! | Lua | Rust |
+//! |---|---|
+//! | `acquire.lua` | `Data::acquire`, taking through `Data::take` |
+//! | … its `queue_head`, `busy`, `free_in` | `Data::queue_head`, `Data::busy`, `Held::remaining` |
+//! | … the writers' claims (`ZADD`, `ZCARD`) | `Data::writers`, `Data::writer_waits` |
+//! | `acquire_many.lua` | `Data::acquire_many` |
+//! | `extend.lua` | `Data::extend` |
+//! | `release_plain.lua`, `release.lua`, `release_shared.lua` | `Data::release` |
+//! | … `kept` (a `hold_at_least` that runs), `free` | `Data::keep`, `Data::free` |
+//! | `release_many.lua`, its `owed_all_here` | `Data::release_many`, `owed_all_here` |
+//! | `hand_over.lua` | `Data::hand_over` |
+//! | the scripts' `SET key {owed}+ PX {ttl}` (a key handed to a reservation) | `Data::hand_to` |
+//! | `leave.lua` | `Data::leave` |
+//! | `watch.lua` | `Data::watch` |
+//! | `force_release.lua` | `Data::force_release` |
+//! | `inspect.lua` | `Data::inspect` |
+//! | `values.lua`: `look_at` | `Data::foreign`, `Data::live`, `Data::watched` |
+//! | … `token_of`, `parts` | `protocol::holder_token`; `Held::Exclusive`'s `waited`, `reserved` |
+//! | … `before`, `mark` | `Reserved::before`, `Held::mark` |
+//! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle` | `Data::` the same |
+//! | … the hash's expiry | `Waiters::expires`, read by `Data::waiters_of` |
+//! | `holders.lua`: `live_holders` | `Data::live` |
+//! | `PUBLISH`, `SPUBLISH` | `Data::publish` |
+//!
+//! What the scripts keep beside a lock key lives in `Data`'s maps of the same names: the fencing
+//! counter (`fences`), the watch's mark (`watched`), the fair queue (`queues`), the writers
+//! waiting (`writers`) and the callers waiting (`waiters`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
@@ -21,8 +59,8 @@ use tokio::time::Instant;
 use super::inspect::SCAN_COUNT;
 use super::protocol;
 use super::{
-    AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, LeaseRef, ManyRequest, Page,
-    ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
+    AcquireRequest, Acquired, AcquiredMany, BoxFuture, Cursor, HandOver, HandsOver, LeaseRef,
+    ManyRequest, Page, ReleaseFeed, Released, Renewal, Snapshot, Store, StoreError,
 };
 use crate::clock;
 use crate::error::LostReason;
@@ -70,6 +108,11 @@ struct Data {
     /// The callers waiting for each key, by token, each until its entry lapses; and how fast
     /// they were served (as the scripts' waiters hash and its `served` field).
     waiters: Map<String, Waiters>,
+    /// What the operation running now announced, in order: sent once it ends, still under the
+    /// lock, so that feeds hear the operations' announcements in the order they ran.
+    published: Vec<Released>,
+    /// Who else hears each key's announcements ([`MemoryHooks::announcements`]).
+    recorders: Map<String, Vec<mpsc::Sender<String>>>,
 }
 
 /// The callers waiting for one key (see `protocol::Names::waiters`).
@@ -78,7 +121,14 @@ struct Waiters {
     entries: Map<String, Instant>,
     /// The last caller served, and the mean time between two (`None` after the first).
     served: Option<(Instant, Option<Duration>)>,
+    /// When the scripts' hash expires: with its longest-lived entry, or a while after the
+    /// callers left ([`WAITERS_IDLE_LIFE`]); `None` before anything was counted.
+    expires: Option<Instant>,
 }
+
+/// How long the callers waiting for a key are remembered once nobody is counted (waiters.lua's
+/// `forget_when_idle`): a burst that follows at once finds how fast the last one was served.
+const WAITERS_IDLE_LIFE: Duration = Duration::from_secs(1);
 
 /// What a lock key holds: one exclusive holder, or shared holders each with its own expiry; or
 /// data of another application ([`MemoryHooks::put_foreign`]).
@@ -124,7 +174,8 @@ impl Reserved {
         })
     }
 
-    /// Whether it goes before `other`: it began waiting earlier (ties: the smaller token).
+    /// As values.lua's `before`: whether it goes before `other`, having begun waiting earlier
+    /// (ties: the smaller token).
     fn before(&self, other: &Self) -> bool {
         (self.since_ms, protocol::holder_token(&self.value))
             < (other.since_ms, protocol::holder_token(&other.value))
@@ -133,23 +184,24 @@ impl Reserved {
     fn token(&self) -> &str {
         protocol::holder_token(&self.value)
     }
+
+    /// As the scripts write it after the waiter's mark (`protocol::Reservation`).
+    fn stored(&self) -> String {
+        let separator = protocol::RESERVATION_SEPARATOR;
+        format!(
+            "{}{separator}{}{separator}{}{separator}{}",
+            self.since_ms,
+            clock::millis(self.ttl),
+            self.keys,
+            self.value
+        )
+    }
 }
 
 impl Held {
-    /// Whether the lease of `value` holds it now (an exclusive lock's value, a shared holder's
-    /// field).
-    fn held_by(&self, value: &str, now: Instant) -> bool {
-        match self {
-            Self::Exclusive {
-                value: holder,
-                expires,
-                ..
-            } => holder == value && *expires > now,
-            Self::Shared { holders, .. } => {
-                holders.get(value).is_some_and(|expires| *expires > now)
-            }
-            Self::Foreign(_) => false,
-        }
+    /// Whether it is an exclusive lock of `token` (values.lua's `token_of(v) == token`).
+    fn of_token(&self, token: &str) -> bool {
+        matches!(self, Self::Exclusive { value, .. } if protocol::holds(value, token))
     }
 
     /// When it is free: its holder's expiry, or its last holder's; never for foreign data.
@@ -161,12 +213,13 @@ impl Held {
         }
     }
 
-    /// How long until it is free, as the scripts tell a caller (`None`: never).
+    /// As acquire.lua's `free_in`: how long until it is free, as the scripts tell a caller
+    /// (`None`: never).
     fn remaining(&self, now: Instant) -> Option<Duration> {
         self.expires().map(|at| at.saturating_duration_since(now))
     }
 
-    /// As the scripts' busy path: a caller that waits marks an exclusive holder, and one that
+    /// As values.lua's `mark`: a caller that waits marks an exclusive holder, and one that
     /// waited too long reserves it, unless a caller that began waiting earlier did.
     fn mark(&mut self, reservation: Option<Reserved>) {
         if let Self::Exclusive {
@@ -185,14 +238,21 @@ impl Held {
     }
 }
 
+/// values.lua: what a key holds, and the marks on it.
 impl Data {
-    /// Whether a watch follows `key` now: as the release scripts, its releases are announced.
-    fn watched(&self, key: &str, now: Instant) -> bool {
-        self.watched.get(key).is_some_and(|until| *until > now)
+    /// `look_at`'s `foreign`: `NotALock` when `key` holds data of another application.
+    fn foreign(&self, key: &str) -> Result<(), StoreError> {
+        match self.locks.get(key) {
+            Some(Held::Foreign(found)) => Err(StoreError::from(crate::LockError::NotALock {
+                key: key.to_owned(),
+                found: found.clone(),
+            })),
+            _ => Ok(()),
+        }
     }
 
     /// What `key` holds now, dropping holders whose time is up (as Redis expires keys, and as
-    /// the scripts drop a shared lock's lapsed holders).
+    /// holders.lua's `live_holders` drops a shared lock's lapsed holders).
     fn live(&mut self, key: &str, now: Instant) -> Option<&mut Held> {
         let gone = match self.locks.get_mut(key) {
             Some(Held::Exclusive { expires, .. }) => *expires <= now,
@@ -208,67 +268,103 @@ impl Data {
         self.locks.get_mut(key)
     }
 
-    /// A release while `lease`'s `hold_at_least` runs: its holder stays until `until`, sooner
-    /// or later than its lease would end. `true` when the lease was ours.
-    fn keep(&mut self, lease: LeaseRef<'_>, until: Instant, now: Instant) -> bool {
-        match self.live(lease.key, now) {
-            Some(Held::Exclusive { value, expires, .. }) if value == lease.value => {
-                *expires = until;
-                true
-            }
-            Some(Held::Shared { holders, .. }) => match holders.get_mut(lease.value) {
-                Some(expires) => {
-                    *expires = until;
-                    true
-                }
-                None => false,
-            },
-            _ => false,
+    /// `look_at`'s `watched` (the watch's mark beside the key lives): its releases and
+    /// hand-overs are announced.
+    fn watched(&self, key: &str, now: Instant) -> bool {
+        self.watched.get(key).is_some_and(|until| *until > now)
+    }
+
+    /// `PUBLISH` on `key`'s release channel: sent when the operation ends (`MemoryStore::run`).
+    fn publish(&mut self, key: &str, message: String) {
+        self.published.push(Released {
+            key: key.to_owned(),
+            message,
+        });
+    }
+}
+
+/// waiters.lua: the callers waiting for a key.
+impl Data {
+    /// The callers waiting for `key`, all gone once the scripts' hash would have expired.
+    fn waiters_of(&mut self, key: &str, now: Instant) -> &mut Waiters {
+        let waiters = self.waiters.entry(key.to_owned()).or_default();
+        if waiters.expires.is_some_and(|expires| expires <= now) {
+            *waiters = Waiters::default();
+        }
+        waiters
+    }
+
+    /// `count_waiter`: `token` waits for `key` until `now + life`; the hash lives as long as
+    /// its longest entry.
+    fn count_waiter(&mut self, key: &str, token: &str, life: Duration, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        waiters.entries.insert(token.to_owned(), now + life);
+        waiters.expires = waiters.expires.max(Some(now + life));
+    }
+
+    /// `forget_when_idle`: once the hash holds one field at most (the `served` field, or one
+    /// caller's entry), it lives [`WAITERS_IDLE_LIFE`] more.
+    fn forget_when_idle(&mut self, key: &str, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        if waiters.entries.len() + usize::from(waiters.served.is_some()) <= 1 {
+            waiters.expires = Some(now + WAITERS_IDLE_LIFE);
         }
     }
 
-    /// What `key` holds now, as inspection reports it.
-    fn snapshot(&mut self, key: &str, now: Instant) -> Option<Snapshot> {
-        let mut reserved_for = None;
-        let (kind, holders) = match self.live(key, now)? {
-            Held::Exclusive {
-                value,
-                expires,
-                reserved,
-                ..
-            } => {
-                reserved_for = reserved
-                    .as_ref()
-                    .map(|owed| (owed.value.clone(), owed.since_ms));
-                (
-                    LockKind::Exclusive,
-                    vec![(value.clone(), expires.saturating_duration_since(now))],
-                )
+    /// `served`: a waiting caller got `key`.
+    fn served(&mut self, key: &str, token: &str, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        if waiters.entries.remove(token).is_none() {
+            return;
+        }
+        let mean = match waiters.served {
+            Some((last, mean)) => {
+                let gap = now.saturating_duration_since(last);
+                Some(mean.map_or(gap, |mean| (mean * 3 + gap) / 4))
             }
-            Held::Shared { kind, holders } => (
-                *kind,
-                holders
-                    .iter()
-                    .map(|(value, expires)| (value.clone(), expires.saturating_duration_since(now)))
-                    .collect(),
-            ),
-            Held::Foreign(_) => return None,
+            None => None,
         };
-        let waiters = self.waiters.get(key).map_or(0, |waiters| {
-            waiters
-                .entries
-                .values()
-                .filter(|lapses| **lapses > now)
-                .count()
+        waiters.served = Some((now, mean));
+        self.forget_when_idle(key, now);
+    }
+
+    /// `estimate`: how long a caller coming back now may wait for `key`.
+    fn estimate(
+        &mut self,
+        key: &str,
+        remaining: Option<Duration>,
+        now: Instant,
+    ) -> Option<Duration> {
+        let waiters = self.waiters_of(key, now);
+        let Some((_, Some(mean))) = waiters.served else {
+            return remaining;
+        };
+        let ahead = u32::try_from(waiters.entries.len()).unwrap_or(u32::MAX);
+        Some(remaining.map_or(mean, |remaining| remaining.min(mean)) + mean * ahead)
+    }
+}
+
+/// acquire.lua and acquire_many.lua.
+impl Data {
+    /// acquire.lua: takes `request` if it may be taken now (with a fencing token when asked);
+    /// else what the caller is told.
+    fn acquire(
+        &mut self,
+        request: &AcquireRequest<'_>,
+        now: Instant,
+    ) -> Result<Acquired, StoreError> {
+        self.foreign(request.key)?;
+        if let Err(busy) = self.take(request, now) {
+            return Ok(busy);
+        }
+        let fencing_token = request.fencing.then(|| {
+            // As Redis's: never below the clock, and above the key's last token.
+            let clock = clock::epoch_micros();
+            let fence = self.fences.entry(request.key.to_owned()).or_insert(0);
+            *fence = (*fence + 1).max(protocol::fencing_floor(clock));
+            *fence
         });
-        Some(Snapshot {
-            key: key.to_owned(),
-            kind,
-            holders,
-            fencing: self.fences.get(key).copied(),
-            waiters,
-            reserved_for,
-        })
+        Ok(Acquired::Taken { fencing_token })
     }
 
     /// The fair queue's first live waiter, dropping those whose place lapsed.
@@ -288,55 +384,8 @@ impl Data {
         })
     }
 
-    /// The callers waiting for `key`, their entries gone once every one lapsed (as the
-    /// scripts' hash expires with its longest entry).
-    fn waiters_of(&mut self, key: &str, now: Instant) -> &mut Waiters {
-        let waiters = self.waiters.entry(key.to_owned()).or_default();
-        if !waiters.entries.is_empty() && waiters.entries.values().all(|lapses| *lapses <= now) {
-            *waiters = Waiters::default();
-        }
-        waiters
-    }
-
-    /// As the scripts' `count_waiter`: `token` waits for `key` until `now + life`.
-    fn count_waiter(&mut self, key: &str, token: &str, life: Duration, now: Instant) {
-        let waiters = self.waiters_of(key, now);
-        waiters.entries.insert(token.to_owned(), now + life);
-    }
-
-    /// As the scripts' `served`: a waiting caller got `key`.
-    fn served(&mut self, key: &str, token: &str, now: Instant) {
-        let waiters = self.waiters_of(key, now);
-        if waiters.entries.remove(token).is_none() {
-            return;
-        }
-        let mean = match waiters.served {
-            Some((last, mean)) => {
-                let gap = now.saturating_duration_since(last);
-                Some(mean.map_or(gap, |mean| (mean * 3 + gap) / 4))
-            }
-            None => None,
-        };
-        waiters.served = Some((now, mean));
-    }
-
-    /// As the scripts' `estimate`: how long a caller coming back now may wait for `key`.
-    fn estimate(
-        &mut self,
-        key: &str,
-        remaining: Option<Duration>,
-        now: Instant,
-    ) -> Option<Duration> {
-        let waiters = self.waiters_of(key, now);
-        let Some((_, Some(mean))) = waiters.served else {
-            return remaining;
-        };
-        let ahead = u32::try_from(waiters.entries.len()).unwrap_or(u32::MAX);
-        Some(remaining.map_or(mean, |remaining| remaining.min(mean)) + mean * ahead)
-    }
-
-    /// As the scripts' busy path: a caller that waits is counted, marks an exclusive holder
-    /// (reserving it once it waited too long) and keeps its place in a fair queue.
+    /// `busy`: a caller that waits is counted, marks an exclusive holder (reserving it once it
+    /// waited too long) and keeps its place in a fair queue.
     fn busy(
         &mut self,
         request: &AcquireRequest<'_>,
@@ -359,7 +408,8 @@ impl Data {
         }
     }
 
-    /// Takes `request` if it may be taken now; else what the caller is told.
+    /// The body of acquire.lua: takes `request` if it may be taken now; else what the caller
+    /// is told.
     fn take(&mut self, request: &AcquireRequest<'_>, now: Instant) -> Result<(), Acquired> {
         let key = request.key;
         let token = request.token();
@@ -371,13 +421,15 @@ impl Data {
         }
         let lease_end = now + request.ttl;
         let writer_waits = request.kind == LockKind::Read && self.writer_waits(key, now);
+        let watched = self.watched(key, now);
         match (request.kind, self.live(key, now)) {
             (LockKind::Exclusive, None) => {
                 let held = Held::Exclusive {
                     value: request.value.to_owned(),
                     expires: lease_end,
-                    // Fair waiters all look at each release: a fair holder's is announced.
-                    waited: request.fair,
+                    // Fair waiters all look at each release: a fair holder's is announced, as
+                    // a watched key's holder's.
+                    waited: request.fair || watched,
                     reserved: None,
                 };
                 self.locks.insert(key.to_owned(), held);
@@ -470,51 +522,451 @@ impl Data {
         }
     }
 
-    /// `NotALock` when `key` holds data of another application.
-    fn foreign(&self, key: &str) -> Result<(), StoreError> {
-        match self.locks.get(key) {
-            Some(Held::Foreign(found)) => Err(StoreError::from(crate::LockError::NotALock {
-                key: key.to_owned(),
-                found: found.clone(),
-            })),
-            _ => Ok(()),
+    /// acquire_many.lua: the first key held by another makes the whole set busy (a caller that
+    /// waits marks every such key, and is counted on every key); otherwise every key is taken,
+    /// or kept when ours.
+    fn acquire_many(
+        &mut self,
+        request: &ManyRequest<'_>,
+        now: Instant,
+    ) -> Result<AcquiredMany, StoreError> {
+        let token = protocol::holder_token(request.value);
+        for key in request.keys {
+            self.foreign(key)?;
+        }
+        let busy = request.keys.iter().position(|key| {
+            self.live(key, now)
+                .is_some_and(|held| !held.of_token(token))
+        });
+        if let Some(index) = busy {
+            let remaining = self
+                .live(&request.keys[index], now)
+                .and_then(|held| held.remaining(now));
+            if request.waiting {
+                let life = request.waiter_place() + remaining.unwrap_or_default().mul_f64(1.1);
+                let reservation = request.starving_since.map(|since_ms| Reserved {
+                    since_ms,
+                    ttl: request.ttl,
+                    keys: request.keys.len(),
+                    value: request.value.to_owned(),
+                });
+                for key in request.keys {
+                    self.count_waiter(key, token, life, now);
+                    if let Some(held) = self.live(key, now)
+                        && !held.of_token(token)
+                    {
+                        held.mark(reservation.clone());
+                    }
+                }
+            }
+            let estimate = self.estimate(&request.keys[index], remaining, now);
+            return Ok(AcquiredMany::Busy {
+                key: index,
+                remaining,
+                estimate,
+            });
+        }
+        for key in request.keys {
+            let watched = self.watched(key, now);
+            match self.live(key, now) {
+                Some(Held::Exclusive { value, expires, .. }) => {
+                    request.value.clone_into(value);
+                    *expires = now + request.ttl;
+                }
+                _ => {
+                    let held = Held::Exclusive {
+                        value: request.value.to_owned(),
+                        expires: now + request.ttl,
+                        waited: watched,
+                        reserved: None,
+                    };
+                    self.locks.insert(key.clone(), held);
+                }
+            }
+            if request.waiting {
+                self.served(key, token, now);
+            }
+        }
+        Ok(AcquiredMany::Taken)
+    }
+}
+
+/// extend.lua.
+impl Data {
+    /// Extends every lease still held by its value; a key gone is never re-created.
+    fn extend(&mut self, leases: &[LeaseRef<'_>], now: Instant) -> Vec<Renewal> {
+        leases
+            .iter()
+            .map(|lease| match self.live(lease.key, now) {
+                Some(Held::Exclusive { value, expires, .. }) if value == lease.value => {
+                    *expires = now + lease.ttl;
+                    Renewal::Extended
+                }
+                Some(Held::Shared { holders, .. }) if holders.contains_key(lease.value) => {
+                    holders.insert(lease.value.to_owned(), now + lease.ttl);
+                    Renewal::Extended
+                }
+                // Another owner's (another value, or a string of another application), or
+                // gone (a shared lock without our field, or a hash that is no lock): never
+                // re-created.
+                Some(Held::Exclusive { .. }) => Renewal::Lost(LostReason::Taken),
+                Some(Held::Foreign(found)) if found != protocol::FOREIGN_HASH => {
+                    Renewal::Lost(LostReason::Taken)
+                }
+                _ => Renewal::Lost(LostReason::Gone),
+            })
+            .collect()
+    }
+}
+
+/// The release scripts: release.lua (with release_plain.lua and release_shared.lua) and
+/// release_many.lua.
+impl Data {
+    /// release.lua: `true` when `lease` was ours and is gone now (or kept while its
+    /// `hold_at_least` runs, or handed to the caller of one key it is reserved for). An
+    /// exclusive lock's release is announced only when a waiter marked it or a watch follows
+    /// it (or to the caller it is handed to); a shared holder's always.
+    fn release(&mut self, lease: LeaseRef<'_>, now: Instant) -> bool {
+        let key = lease.key;
+        let message = announcement(lease);
+        if let Some(kept) = lease.kept_for() {
+            // `kept`: the holder stays until the hold is over, and whoever waits or watches is
+            // told to look again.
+            let listened = self.watched(key, now)
+                || matches!(
+                    self.live(key, now),
+                    Some(Held::Exclusive { waited: true, .. } | Held::Shared { .. })
+                );
+            let ours = self.keep(lease, now + kept, now);
+            if ours && listened {
+                self.publish(key, String::new());
+            }
+            return ours;
+        }
+        let watched = self.watched(key, now);
+        match self.live(key, now) {
+            Some(Held::Exclusive {
+                value,
+                waited: marked,
+                reserved,
+                ..
+            }) if value == lease.value => {
+                let marked = *marked;
+                // A caller of one key owed the lock takes it now, marked, and only it is told.
+                // Not from an undone attempt (an empty message): it held no lock to pass on.
+                if let Some(next) = reserved.clone()
+                    && next.keys == 1
+                    && !message.is_empty()
+                {
+                    self.hand_to(key, &next, now);
+                    self.publish(key, handed(message, next.token()));
+                    return true;
+                }
+                self.free(key);
+                if marked || watched {
+                    self.publish(key, message.to_owned());
+                }
+                true
+            }
+            // release_shared.lua.
+            Some(Held::Shared { holders, .. }) => {
+                if holders.remove(lease.value).is_none() {
+                    return false;
+                }
+                if holders.is_empty() {
+                    self.locks.remove(key);
+                }
+                self.publish(key, message.to_owned());
+                true
+            }
+            _ => false,
         }
     }
 
-    /// As release.lua and release_many.lua for one key of ours: the key goes, or passes to the
-    /// caller of one key it is reserved for (or, with `all_owed`, of several keys all released
-    /// here); the announcement to send, if any.
-    fn free(&mut self, key: &str, message: &str, all_owed: bool, now: Instant) -> Option<String> {
-        let listening = self.watched(key, now);
-        let Some(Held::Exclusive {
-            waited, reserved, ..
-        }) = self.locks.get(key)
-        else {
-            return None;
-        };
-        let waited = *waited;
-        // An undone attempt (an empty message) held no lock to pass on.
-        if let Some(next) = reserved.clone()
-            && !message.is_empty()
-            && (next.keys == 1 || all_owed)
-        {
-            let held = Held::Exclusive {
-                value: next.value.clone(),
-                expires: now + next.ttl,
-                waited: true,
-                reserved: None,
-            };
-            self.locks.insert(key.to_owned(), held);
-            return Some(format!("{message}{}{}", protocol::HANDED_TO, next.token()));
+    /// release.lua's `kept`: a release while `lease`'s `hold_at_least` runs, its holder staying
+    /// until `until`, sooner or later than its lease would end. `true` when the lease was ours.
+    fn keep(&mut self, lease: LeaseRef<'_>, until: Instant, now: Instant) -> bool {
+        match self.live(lease.key, now) {
+            Some(Held::Exclusive { value, expires, .. }) if value == lease.value => {
+                *expires = until;
+                true
+            }
+            Some(Held::Shared { holders, .. }) => match holders.get_mut(lease.value) {
+                Some(expires) => {
+                    *expires = until;
+                    true
+                }
+                None => false,
+            },
+            _ => false,
         }
+    }
+
+    /// release.lua's `free`: the key goes (a watch's mark beside it stays, and marks the next
+    /// holder, as the scripts' `+` left on the free key does).
+    fn free(&mut self, key: &str) {
         self.locks.remove(key);
-        (waited || listening).then(|| message.to_owned())
+    }
+
+    /// The scripts' `SET key {owed}+ PX {ttl}`: `key` passes to the caller it is reserved for,
+    /// marked, with that caller's ttl; it takes it, and is served, at its next look.
+    fn hand_to(&mut self, key: &str, owed: &Reserved, now: Instant) {
+        let held = Held::Exclusive {
+            value: owed.value.clone(),
+            expires: now + owed.ttl,
+            waited: true,
+            reserved: None,
+        };
+        self.locks.insert(key.to_owned(), held);
+    }
+
+    /// release_many.lua: every key of a multi-key lease still ours goes (or is kept while its
+    /// `hold_at_least` runs, or passes to the caller it is reserved for), announced when a
+    /// waiter marked it or a watch follows it; `true` when every key was ours.
+    fn release_many(&mut self, lease: LeaseRef<'_>, now: Instant) -> bool {
+        let keys = lease.keys;
+        let message = announcement(lease);
+        let kept = lease.kept_for();
+        // Each key of ours: whether a waiter marked it, and the caller it is reserved for.
+        let found: Vec<Option<(bool, Option<Reserved>)>> = keys
+            .iter()
+            .map(|key| match self.live(key, now) {
+                Some(Held::Exclusive {
+                    value,
+                    waited,
+                    reserved,
+                    ..
+                }) if value == lease.value => Some((*waited, reserved.clone())),
+                _ => None,
+            })
+            .collect();
+        let mut released = 0;
+        for (key, ours) in keys.iter().zip(&found) {
+            let Some((marked, owed)) = ours else {
+                continue;
+            };
+            let listened = *marked || self.watched(key, now);
+            if let Some(kept) = kept {
+                if let Some(Held::Exclusive { expires, .. }) = self.locks.get_mut(key.as_str()) {
+                    *expires = now + kept;
+                }
+                if listened {
+                    self.publish(key, String::new());
+                }
+            } else if let Some(next) = owed.as_ref().filter(|next| {
+                !message.is_empty() && (next.keys == 1 || owed_all_here(&found, next))
+            }) {
+                // Handed to the caller owed it, marked; only it is told.
+                self.hand_to(key, next, now);
+                self.publish(key, handed(message, next.token()));
+            } else {
+                self.free(key);
+                if listened {
+                    self.publish(key, message.to_owned());
+                }
+            }
+            released += 1;
+        }
+        released == keys.len()
+    }
+}
+
+/// hand_over.lua.
+impl Data {
+    /// Passes the exclusive `lease` straight to `next` (a waiter of the same client, same key)
+    /// while the key still holds our value: `next`'s value and ttl, with no moment free, and
+    /// the waiter's mark kept. A caller of one key elsewhere that reserved the key is handed it
+    /// instead (announced to it alone). Announced too when a watch follows the key, and when
+    /// the hand-over serves `next`'s own reservation (every other caller that reserved the key
+    /// went unrecorded, and looks again to reserve it in turn).
+    fn hand_over(&mut self, lease: LeaseRef<'_>, next: LeaseRef<'_>, now: Instant) -> HandOver {
+        let key = lease.key;
+        let ours = lease.value;
+        let next_token = protocol::holder_token(next.value);
+        let watched = self.watched(key, now);
+        let (marked, owed) = match self.live(key, now) {
+            Some(Held::Exclusive {
+                value,
+                waited,
+                reserved,
+                ..
+            }) if value == ours => (*waited, reserved.clone()),
+            _ => return HandOver::NotOurs,
+        };
+        let owed_token = owed.as_ref().map(Reserved::token);
+        let owed_one_key = owed.as_ref().is_some_and(|owed| owed.keys == 1);
+        if let Some(owed) = owed.as_ref().filter(|_| owed_one_key)
+            && owed_token != Some(next_token)
+        {
+            self.hand_to(key, owed, now);
+            self.publish(key, handed(ours, owed.token()));
+            return HandOver::HandedElsewhere;
+        }
+        if watched || (owed_one_key && owed_token == Some(next_token)) {
+            self.publish(key, handed(ours, next_token));
+        }
+        // A reservation for a caller of several keys stays for a release of them all; one for
+        // the next holder is served. Watched: the next holder's release is announced too.
+        let reserved = owed.filter(|owed| marked && owed.token() != next_token);
+        let held = Held::Exclusive {
+            value: next.value.to_owned(),
+            expires: now + next.ttl,
+            waited: marked || watched,
+            reserved,
+        };
+        self.locks.insert(key.to_owned(), held);
+        // The next holder waited: it is served, and a claim it made against new readers while
+        // readers held the key goes, as when it takes the key itself.
+        self.served(key, next_token, now);
+        if let Some(writers) = self.writers.get_mut(key) {
+            writers.remove(next_token);
+        }
+        HandOver::Handed
+    }
+}
+
+/// release_many.lua's `owed_all_here`: a caller of several keys is handed them only when they
+/// are all released here at once, each reserved for it (it waits for no other key, or it would
+/// not own them all). `found`: each key of the lease that is ours, with its reservation.
+fn owed_all_here(found: &[Option<(bool, Option<Reserved>)>], next: &Reserved) -> bool {
+    next.keys == found.len()
+        && found
+            .iter()
+            .all(|ours| matches!(ours, Some((_, Some(owed))) if owed.value == next.value))
+}
+
+/// What a release of `lease` announces: its value, or "look again" for an undone attempt.
+fn announcement<'a>(lease: LeaseRef<'a>) -> &'a str {
+    if lease.undone { "" } else { lease.value }
+}
+
+/// The announcement of `released` handing the key to the caller of `token`.
+fn handed(released: &str, token: &str) -> String {
+    format!("{released}{}{token}", protocol::HANDED_TO)
+}
+
+/// leave.lua, watch.lua, force_release.lua and inspect.lua.
+impl Data {
+    /// leave.lua: the waiter of `token` leaves `key` without the lock: no longer counted, its
+    /// claim against new readers and its reservation taken off, and the key given back (and
+    /// announced) if a release handed it to it meanwhile.
+    fn leave(&mut self, key: &str, token: &str, now: Instant) {
+        self.waiters_of(key, now).entries.remove(token);
+        self.forget_when_idle(key, now);
+        if let Some(writers) = self.writers.get_mut(key) {
+            writers.remove(token);
+        }
+        match self.live(key, now) {
+            Some(Held::Exclusive { value, .. }) if protocol::holds(value, token) => {
+                let value = value.clone();
+                self.locks.remove(key);
+                self.publish(key, value);
+            }
+            Some(Held::Exclusive { reserved, .. })
+                if reserved.as_ref().is_some_and(|next| next.token() == token) =>
+            {
+                *reserved = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// watch.lua: a watch follows `key` for a while: its releases are announced, and its
+    /// holder is marked, so that its release is announced even once the watch has gone.
+    fn watch(&mut self, key: &str, now: Instant) {
+        self.watched
+            .insert(key.to_owned(), now + protocol::WATCH_MARK_LIFE);
+        if let Some(Held::Exclusive { waited, .. }) = self.live(key, now) {
+            *waited = true;
+        }
+    }
+
+    /// force_release.lua: every holder of `key` goes, each announced, and the key on the
+    /// forced releases' channel; `true` when there was one. The fair queue and writers' claims
+    /// stay: the next in line keeps its turn.
+    fn force_release(&mut self, key: &str, now: Instant) -> bool {
+        self.live(key, now);
+        // Data that is no lock is no lock to release.
+        if matches!(self.locks.get(key), Some(Held::Foreign(_))) {
+            return false;
+        }
+        let removed = match self.locks.remove(key) {
+            Some(Held::Exclusive { value, .. }) => vec![value],
+            Some(Held::Shared { holders, .. }) => holders.into_keys().collect(),
+            _ => Vec::new(),
+        };
+        for value in &removed {
+            self.publish(key, value.clone());
+        }
+        if !removed.is_empty() {
+            self.publish(protocol::FORCED_RELEASES, key.to_owned());
+        }
+        !removed.is_empty()
+    }
+
+    /// inspect.lua: what `key` holds now, as inspection reports it.
+    fn inspect(&mut self, key: &str, now: Instant) -> Option<Snapshot> {
+        let mut reserved_for = None;
+        let (kind, holders) = match self.live(key, now)? {
+            Held::Exclusive {
+                value,
+                expires,
+                reserved,
+                ..
+            } => {
+                reserved_for = reserved
+                    .as_ref()
+                    .map(|owed| (owed.value.clone(), owed.since_ms));
+                (
+                    LockKind::Exclusive,
+                    vec![(value.clone(), expires.saturating_duration_since(now))],
+                )
+            }
+            Held::Shared { kind, holders } => (
+                *kind,
+                holders
+                    .iter()
+                    .map(|(value, expires)| (value.clone(), expires.saturating_duration_since(now)))
+                    .collect(),
+            ),
+            Held::Foreign(_) => return None,
+        };
+        let waiters = self.waiters_of(key, now);
+        let waiters = waiters
+            .entries
+            .values()
+            .filter(|lapses| **lapses > now)
+            .count();
+        Some(Snapshot {
+            key: key.to_owned(),
+            kind,
+            holders,
+            fencing: self.fences.get(key).copied(),
+            waiters,
+            reserved_for,
+        })
     }
 }
 
 impl MemoryStore {
     fn data(&self) -> MutexGuard<'_, Data> {
         self.inner.data.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `script` on the store's data as Redis runs a script: alone, at one `now`; what it
+    /// published is sent before anyone else runs.
+    fn run<R>(&self, script: impl FnOnce(&mut Data, Instant) -> R) -> R {
+        let mut data = self.data();
+        let result = script(&mut data, Instant::now());
+        let data = &mut *data;
+        for released in data.published.drain(..) {
+            if let Some(recorders) = data.recorders.get_mut(&released.key) {
+                recorders.retain(|recorder| recorder.send(released.message.clone()).is_ok());
+            }
+            // Nobody listening is fine: waiters also go by the holder's remaining lease.
+            let _ = self.inner.releases.send(released);
+        }
+        result
     }
 
     /// Fails this operation if [`MemoryHooks::fail_next`] asked for it.
@@ -529,95 +981,6 @@ impl MemoryStore {
             )),
             Err(_) => Ok(()),
         }
-    }
-
-    /// An announcement of no release: the key's end moved, and its waiters look again.
-    fn look_again(&self, key: &str) {
-        self.announce(key, String::new());
-    }
-
-    fn announce(&self, key: &str, message: String) {
-        // Nobody listening is fine: waiters also go by the holder's remaining lease.
-        let _ = self.inner.releases.send(Released {
-            key: key.to_owned(),
-            message,
-        });
-    }
-
-    /// What a release of `lease` announces: its value, or "look again" for an undone attempt.
-    fn message(lease: LeaseRef<'_>) -> &str {
-        if lease.undone { "" } else { lease.value }
-    }
-
-    /// As release_many.lua: every key of a multi-key lease still ours goes (or is kept while
-    /// its `hold_at_least` runs, or passes to the caller it is reserved for), announced when a
-    /// waiter marked it or a watch follows it; `true` when every key was ours.
-    fn release_many(&self, lease: LeaseRef<'_>) -> bool {
-        let mut announced = Vec::new();
-        let mut ours = 0;
-        {
-            let mut data = self.data();
-            let now = Instant::now();
-            let kept = lease.kept_for();
-            let held: Vec<bool> = lease
-                .keys
-                .iter()
-                .map(|key| {
-                    data.live(key, now).is_some_and(|held| {
-                        matches!(held, Held::Exclusive { .. }) && held.held_by(lease.value, now)
-                    })
-                })
-                .collect();
-            // A caller of several keys owed all of them here is handed them all at once.
-            let owed: Vec<Option<(String, usize)>> = lease
-                .keys
-                .iter()
-                .map(|key| match data.locks.get(key) {
-                    Some(Held::Exclusive {
-                        reserved: Some(next),
-                        ..
-                    }) => Some((next.value.clone(), next.keys)),
-                    _ => None,
-                })
-                .collect();
-            let all_owed = owed[0].as_ref().is_some_and(|(first, keys)| {
-                *keys == lease.keys.len()
-                    && owed
-                        .iter()
-                        .all(|next| next.as_ref().is_some_and(|(value, _)| value == first))
-            });
-            for (key, ours_here) in lease.keys.iter().zip(held) {
-                if !ours_here {
-                    continue;
-                }
-                ours += 1;
-                let listened = data.watched(key, now)
-                    || matches!(
-                        data.locks.get(key),
-                        Some(Held::Exclusive { waited: true, .. })
-                    );
-                match kept {
-                    Some(kept) => {
-                        if let Some(Held::Exclusive { expires, .. }) = data.locks.get_mut(key) {
-                            *expires = now + kept;
-                        }
-                        if listened {
-                            announced.push((key, String::new()));
-                        }
-                    }
-                    None => {
-                        let message = Self::message(lease);
-                        if let Some(message) = data.free(key, message, all_owed, now) {
-                            announced.push((key, message));
-                        }
-                    }
-                }
-            }
-        }
-        for (key, message) in announced {
-            self.announce(key, message);
-        }
-        ours == lease.keys.len()
     }
 
     pub(crate) fn hooks(&self) -> MemoryHooks {
@@ -651,20 +1014,7 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
         Box::pin(async move {
             self.injected_failure()?;
-            let now = Instant::now();
-            let mut data = self.data();
-            data.foreign(request.key)?;
-            if let Err(busy) = data.take(&request, now) {
-                return Ok(busy);
-            }
-            let fencing_token = request.fencing.then(|| {
-                // As Redis's: never below the clock, and above the key's last token.
-                let clock = clock::epoch_micros();
-                let fence = data.fences.entry(request.key.to_owned()).or_insert(0);
-                *fence = (*fence + 1).max(protocol::fencing_floor(clock));
-                *fence
-            });
-            Ok(Acquired::Taken { fencing_token })
+            self.run(|data, now| data.acquire(&request, now))
         })
     }
 
@@ -675,72 +1025,7 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
         Box::pin(async move {
             self.injected_failure()?;
-            let now = Instant::now();
-            let mut data = self.data();
-            let token = protocol::holder_token(request.value);
-            for key in request.keys {
-                data.foreign(key)?;
-            }
-            // As acquire_many.lua: the first key held by another makes the whole set busy (a
-            // caller that waits marks every such key, and is counted on every key); otherwise
-            // every key is taken, or kept when ours.
-            let busy = request
-                .keys
-                .iter()
-                .position(|key| match data.live(key, now) {
-                    Some(Held::Exclusive { value, .. }) => !protocol::holds(value, token),
-                    Some(_) => true,
-                    None => false,
-                });
-            if let Some(index) = busy {
-                let remaining = data
-                    .live(&request.keys[index], now)
-                    .and_then(|held| held.remaining(now));
-                if request.waiting {
-                    let life = request.waiter_place() + remaining.unwrap_or_default().mul_f64(1.1);
-                    let reservation = request.starving_since.map(|since_ms| Reserved {
-                        since_ms,
-                        ttl: request.ttl,
-                        keys: request.keys.len(),
-                        value: request.value.to_owned(),
-                    });
-                    for key in request.keys {
-                        data.count_waiter(key, token, life, now);
-                        if let Some(held) = data.live(key, now)
-                            && !matches!(held, Held::Exclusive { value, .. } if protocol::holds(value, token))
-                        {
-                            held.mark(reservation.clone());
-                        }
-                    }
-                }
-                let estimate = data.estimate(&request.keys[index], remaining, now);
-                return Ok(AcquiredMany::Busy {
-                    key: index,
-                    remaining,
-                    estimate,
-                });
-            }
-            for key in request.keys {
-                match data.live(key, now) {
-                    Some(Held::Exclusive { value, expires, .. }) => {
-                        request.value.clone_into(value);
-                        *expires = now + request.ttl;
-                    }
-                    _ => {
-                        let held = Held::Exclusive {
-                            value: request.value.to_owned(),
-                            expires: now + request.ttl,
-                            waited: false,
-                            reserved: None,
-                        };
-                        data.locks.insert(key.clone(), held);
-                    }
-                }
-                if request.waiting {
-                    data.served(key, token, now);
-                }
-            }
-            Ok(AcquiredMany::Taken)
+            self.run(|data, now| data.acquire_many(&request, now))
         })
     }
 
@@ -749,105 +1034,33 @@ impl Store for MemoryStore {
             if let Err(error) = self.injected_failure() {
                 return vec![Renewal::Failed(error); leases.len()];
             }
-            let now = Instant::now();
-            let mut data = self.data();
-            leases
-                .iter()
-                .map(|lease| match data.live(lease.key, now) {
-                    Some(Held::Exclusive { value, expires, .. }) if value == lease.value => {
-                        *expires = now + lease.ttl;
-                        Renewal::Extended
-                    }
-                    Some(Held::Shared { holders, .. }) if holders.contains_key(lease.value) => {
-                        holders.insert(lease.value.to_owned(), now + lease.ttl);
-                        Renewal::Extended
-                    }
-                    // Another owner's, or gone: never re-created.
-                    Some(Held::Exclusive { .. }) => Renewal::Lost(LostReason::Taken),
-                    _ => Renewal::Lost(LostReason::Gone),
-                })
-                .collect()
+            self.run(|data, now| data.extend(leases, now))
         })
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             self.injected_failure()?;
-            if !lease.keys.is_empty() {
-                return Ok(self.release_many(lease));
-            }
-            // (ours, announcement): as the release script, an exclusive lock's release is
-            // announced only when a waiter marked it or a watch follows it (or to the caller
-            // it is handed to); a shared holder's always.
-            let (ours, announced) = {
-                let mut data = self.data();
-                let now = Instant::now();
-                if let Some(kept) = lease.kept_for() {
-                    // `hold_at_least`, as the release script: the holder stays until the hold
-                    // is over, and whoever waits or watches is told to look again.
-                    let listened = data.watched(lease.key, now)
-                        || matches!(
-                            data.live(lease.key, now),
-                            Some(Held::Exclusive { waited: true, .. } | Held::Shared { .. })
-                        );
-                    let ours = data.keep(lease, now + kept, now);
-                    drop(data);
-                    if ours && listened {
-                        self.look_again(lease.key);
-                    }
-                    return Ok(ours);
+            Ok(self.run(|data, now| {
+                if lease.keys.is_empty() {
+                    data.release(lease, now)
+                } else {
+                    data.release_many(lease, now)
                 }
-                match data.live(lease.key, now) {
-                    Some(held @ Held::Exclusive { .. }) if held.held_by(lease.value, now) => {
-                        (true, data.free(lease.key, Self::message(lease), false, now))
-                    }
-                    Some(Held::Shared { holders, .. }) => {
-                        let ours = holders.remove(lease.value).is_some();
-                        if holders.is_empty() {
-                            data.locks.remove(lease.key);
-                        }
-                        (ours, ours.then(|| Self::message(lease).to_owned()))
-                    }
-                    _ => (false, None),
-                }
-            };
-            if let Some(message) = announced {
-                self.announce(lease.key, message);
-            }
-            Ok(ours)
+            }))
         })
     }
 
     fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.injected_failure()?;
-            let now = Instant::now();
-            let given_back = {
-                let mut data = self.data();
-                data.waiters_of(key, now).entries.remove(token);
-                if let Some(writers) = data.writers.get_mut(key) {
-                    writers.remove(token);
-                }
-                match data.live(key, now) {
-                    Some(Held::Exclusive { value, .. }) if protocol::holds(value, token) => {
-                        let value = value.clone();
-                        data.locks.remove(key);
-                        Some(value)
-                    }
-                    Some(Held::Exclusive { reserved, .. }) => {
-                        if reserved.as_ref().is_some_and(|next| next.token() == token) {
-                            *reserved = None;
-                        }
-                        None
-                    }
-                    _ => None,
-                }
-            };
-            if let Some(value) = given_back {
-                self.announce(key, value);
-            }
+            self.run(|data, now| data.leave(key, token, now));
             Ok(())
         })
+    }
+
+    fn hands_over(&self) -> Option<&dyn HandsOver> {
+        Some(self)
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
@@ -865,13 +1078,12 @@ impl Store for MemoryStore {
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
-        Box::pin(async move { Ok(self.data().snapshot(key, Instant::now())) })
+        Box::pin(async move { Ok(self.run(|data, now| data.inspect(key, now))) })
     }
 
     fn mark_watched<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let until = Instant::now() + protocol::WATCH_MARK_LIFE;
-            self.data().watched.insert(key.to_owned(), until);
+            self.run(|data, now| data.watch(key, now));
             Ok(())
         })
     }
@@ -906,7 +1118,7 @@ impl Store for MemoryStore {
             });
             let locks = keys
                 .iter()
-                .filter_map(|key| data.snapshot(key, now))
+                .filter_map(|key| data.inspect(key, now))
                 .collect();
             Ok(Page { locks, next })
         })
@@ -915,27 +1127,21 @@ impl Store for MemoryStore {
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             self.injected_failure()?;
-            let removed = {
-                let mut data = self.data();
-                data.live(key, Instant::now());
-                // The fair queue and writers' claims stay: the next in line keeps its turn.
-                // Data that is no lock is no lock to release.
-                if matches!(data.locks.get(key), Some(Held::Foreign(_))) {
-                    return Ok(false);
-                }
-                match data.locks.remove(key) {
-                    Some(Held::Exclusive { value, .. }) => vec![value],
-                    Some(Held::Shared { holders, .. }) => holders.into_keys().collect(),
-                    _ => Vec::new(),
-                }
-            };
-            for value in &removed {
-                self.announce(key, value.clone());
-            }
-            if !removed.is_empty() {
-                self.announce(protocol::FORCED_RELEASES, key.to_owned());
-            }
-            Ok(!removed.is_empty())
+            Ok(self.run(|data, now| data.force_release(key, now)))
+        })
+    }
+}
+
+impl HandsOver for MemoryStore {
+    fn hand_over<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        next: LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
+        Box::pin(async move {
+            // A hand-over is a release: an injected failure fails it as it would a release.
+            self.injected_failure()?;
+            Ok(self.run(|data, now| data.hand_over(lease, next, now)))
         })
     }
 }
@@ -1066,6 +1272,45 @@ impl MemoryHooks {
         holders
     }
 
+    /// The value of the exclusive lock on `key` as Redis stores it: its holder's value, then
+    /// `+` once a caller waits for it, then the reservation of a caller owed it
+    /// ([`protocol::Stored`](crate::protocol::Stored) reads it). `None` when no exclusive lock
+    /// holds `key`.
+    pub fn stored(&self, key: &str) -> Option<String> {
+        let mut data = self.store.data();
+        let Some(Held::Exclusive {
+            value,
+            waited,
+            reserved,
+            ..
+        }) = data.live(key, Instant::now())
+        else {
+            return None;
+        };
+        let mut stored = value.clone();
+        if *waited {
+            stored.push(protocol::WAITED_MARK);
+        }
+        if let Some(reserved) = reserved {
+            stored.push_str(&reserved.stored());
+        }
+        Some(stored)
+    }
+
+    /// Hears the release announcements of `key` from now on, as a subscriber to its release
+    /// channel would: each message as Redis would publish it
+    /// ([`protocol::Announcement`](crate::protocol::Announcement) reads one), in order, so a
+    /// test sees what a release told the waiters (`try_iter` takes what came so far).
+    pub fn announcements(&self, key: &str) -> mpsc::Receiver<String> {
+        let (recorder, heard) = mpsc::channel();
+        let mut data = self.store.data();
+        data.recorders
+            .entry(key.to_owned())
+            .or_default()
+            .push(recorder);
+        heard
+    }
+
     /// Puts another application's string under `key` (as its `SET key hello` would): taking
     /// `key` is then [`LockError::NotALock`](crate::LockError::NotALock), and the string is
     /// never written, as in Redis.
@@ -1116,8 +1361,9 @@ impl MemoryHooks {
         token
     }
 
-    /// Makes the next `operations` calls to the store (acquire, a renewal batch, release) fail
-    /// as an unreachable Redis would: `LockError::Redis` for callers, retries for the watchdog.
+    /// Makes the next `operations` calls to the store (acquire, a renewal batch, release or
+    /// hand-over) fail as an unreachable Redis would: `LockError::Redis` for callers, retries
+    /// for the watchdog.
     pub fn fail_next(&self, operations: u32) {
         self.store
             .inner
