@@ -659,11 +659,11 @@ impl<'d, D: Paths> Case<'d, D> {
                         if stored.waited {
                             shown.push('+');
                         }
-                        if let Some(owed) = stored.reserved {
+                        if let Some(reservation) = stored.reserved {
                             let (owed_by, ttl, keys) = (
-                                name(protocol::holder_token(owed.value)),
-                                owed.ttl_ms,
-                                owed.keys,
+                                name(protocol::holder_token(reservation.value)),
+                                reservation.ttl_ms,
+                                reservation.keys,
                             );
                             shown.push_str(&format!(" for {owed_by}, {ttl} ms, {keys} key(s)"));
                         }

@@ -1,6 +1,6 @@
 //! Within one client, a release passes an exclusive lock straight to the next waiter of that
 //! client: no moment free, no announcement, no `SET` of the waiter's own; unless a caller
-//! elsewhere has waited too long for the key (`protocol::STARVING_AFTER`) and reserved it: then
+//! elsewhere has waited too long for the key (`protocol::RESERVE_AFTER`) and reserved it: then
 //! it passes to that caller.
 
 mod common;
@@ -137,7 +137,7 @@ async fn assert_handed_to_the_caller_elsewhere_that_waited_too_long(
     assert_eq!(
         entries.recv().await.unwrap(),
         "there",
-        "the caller owed the key first"
+        "the caller the key is reserved for first"
     );
     assert_eq!(
         command_calls(node, publish),

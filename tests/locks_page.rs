@@ -150,10 +150,11 @@ fn row_of<'a>(html: &'a str, key: &str) -> &'a str {
     &html[start..end]
 }
 
-/// A waiter in another client is counted; once it has waited long enough to be owed the lock
-/// (a reservation, which keeps its value), the page says who it is. On Redis and in memory.
+/// A waiter in another client is counted; once it has waited long enough for the lock to be
+/// reserved for it (a reservation, which keeps its value), the page says who it is. On Redis and
+/// in memory.
 #[tokio::test]
-async fn a_waiter_in_another_process_is_counted_and_named_once_owed_the_lock() {
+async fn a_waiter_in_another_process_is_counted_and_named_once_the_lock_is_reserved_for_it() {
     let redis = SingleRedis::start();
     let client = redis.client().await;
     let other = redis.another_client().await;

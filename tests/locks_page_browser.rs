@@ -251,7 +251,7 @@ async fn the_locks_page_in_chromium() {
         "the key's markup ran"
     );
 
-    // The waiter in the other client is counted, and named once it is owed the lock (it
+    // The waiter in the other client is counted, and named once the lock is reserved for it (it
     // reserves it 20 ms into its wait).
     let waiters = format!("{} td.waiters", row("jobs:nightly"));
     until_text(&browser, &format!("{waiters} .count"), |count| count == "1").await;

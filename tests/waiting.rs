@@ -376,8 +376,8 @@ fn processes_take_turns_fairly(target: testkit::turns::Target, keys: &[&str]) {
         summary.held_per_process
     );
     if matches!(target, testkit::turns::Target::Redlock(_)) {
-        // On Redlock the masters may each hand the key to another caller owed it (each sees
-        // the reservations that reached it), and a split hand-over is undone: the lock is safe
+        // On Redlock the masters may each hand the key to another caller it is reserved for
+        // (each sees the reservations that reached it), and a split hand-over is undone: the lock is safe
         // and passes on, but its shares are reported, not yet promised (see docs/deployments.md, Redlock).
         return;
     }

@@ -82,7 +82,7 @@ impl LockInfo {
 
     /// The caller the lock is reserved for, when one is: a caller waiting for an exclusive,
     /// unfair lock that has waited longer than
-    /// [`protocol::STARVING_AFTER`](crate::protocol::STARVING_AFTER) reserves it, and the next
+    /// [`protocol::RESERVE_AFTER`](crate::protocol::RESERVE_AFTER) reserves it, and the next
     /// release hands it the key. The one waiter whose origin the stored protocol keeps; the
     /// others are only counted ([`waiters`](Self::waiters)). On Redlock, the caller a majority
     /// of the masters reserve it for.

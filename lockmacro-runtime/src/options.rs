@@ -58,7 +58,7 @@ pub struct LockOptions {
 /// How a waiting caller waits: decided once from its options, for one key or a list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WaitPolicy {
-    /// Its looks reserve the key once it has waited past `protocol::STARVING_AFTER`: an
+    /// Its looks reserve the key once it has waited past `protocol::RESERVE_AFTER`: an
     /// exclusive caller that is not fair (readers share the key, and a fair queue serves its
     /// waiters in their order already).
     pub(crate) reserves: bool,

@@ -3,7 +3,7 @@
 //!
 //! A release wakes one waiter per client (FIFO, through [`Notify::notify_one`]), not all of
 //! them, so a thousand waiters on one key do not stampede Redis. A release that handed the key
-//! to a caller it was reserved for (one that waited too long, see `protocol::STARVING_AFTER`)
+//! to a caller it was reserved for (one that waited too long, see `protocol::RESERVE_AFTER`)
 //! wakes that caller alone, wherever it runs: the key is not free for anyone else; one other
 //! caller that waited too long looks again too, to reserve the key for itself in turn. A waiter also sleeps no longer
 //! than the holder's remaining lease (jittered): that covers a holder that died without
@@ -68,10 +68,10 @@ struct KeyWaiters {
     /// Callers parked on a release of the key now.
     parked: std::sync::atomic::AtomicUsize,
     /// Parked callers that waited too long and reserve the key at each look.
-    starving: std::sync::atomic::AtomicUsize,
+    reserving: std::sync::atomic::AtomicUsize,
     /// Parked callers, by token, that a release may hand the key to (they reserved it): woken
     /// alone when an announcement names them.
-    expecting: Mutex<Map<String, Arc<Notify>>>,
+    reservations: Mutex<Map<String, Arc<Notify>>>,
     /// The next offer's id ([`Ticket::offer`]).
     offers: std::sync::atomic::AtomicU64,
     /// The value of this client's last release of the key: its waiters were woken already, so
@@ -292,8 +292,8 @@ impl WaitQueue {
                     hearing: watch::Sender::new(Hearing::Pending),
                     candidates: Mutex::new(VecDeque::new()),
                     parked: std::sync::atomic::AtomicUsize::new(0),
-                    starving: std::sync::atomic::AtomicUsize::new(0),
-                    expecting: Mutex::new(Map::default()),
+                    reserving: std::sync::atomic::AtomicUsize::new(0),
+                    reservations: Mutex::new(Map::default()),
                     offers: std::sync::atomic::AtomicU64::new(1),
                     released_here: Mutex::new(None),
                 })
@@ -381,30 +381,30 @@ impl Ticket<'_> {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Counts this caller as parked on the key until the returned value drops; `starving`
+    /// Counts this caller as parked on the key until the returned value drops; `reserving`
     /// when it waited too long (it reserves the key at each look).
-    pub(crate) fn park(&self, starving: bool) -> Parked<'_> {
+    pub(crate) fn park(&self, reserving: bool) -> Parked<'_> {
         self.waiters
             .parked
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        if starving {
+        if reserving {
             self.waiters
-                .starving
+                .reserving
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
         Parked {
             waiters: &self.waiters,
-            starving,
+            reserving,
         }
     }
 
-    /// Expects the key to be handed to `token` (the caller reserved it): the returned value is
-    /// woken when an announcement says so (a wake-up that comes before it is awaited is kept),
+    /// The reservation of the key for `token` (the caller's look reserved it), heard here: the
+    /// returned value is woken when an announcement says the key was handed to it (a wake-up that comes before it is awaited is kept),
     /// until it drops.
-    pub(crate) fn expect(&self, token: &str) -> Expecting {
+    pub(crate) fn reservation(&self, token: &str) -> Reservation {
         let handed = Arc::new(Notify::new());
-        lock(&self.waiters.expecting).insert(token.to_owned(), handed.clone());
-        Expecting {
+        lock(&self.waiters.reservations).insert(token.to_owned(), handed.clone());
+        Reservation {
             waiters: self.waiters.clone(),
             token: token.to_owned(),
             handed,
@@ -426,13 +426,13 @@ impl Ticket<'_> {
 }
 
 /// A caller that reserved a key, waiting to be told it was handed the key.
-pub(crate) struct Expecting {
+pub(crate) struct Reservation {
     waiters: Arc<KeyWaiters>,
     token: String,
     handed: Arc<Notify>,
 }
 
-impl Expecting {
+impl Reservation {
     /// Returns once an announcement said the key was handed to this caller.
     pub(crate) async fn handed(&self) {
         self.handed.notified().await;
@@ -444,9 +444,9 @@ impl Expecting {
     }
 }
 
-impl Drop for Expecting {
+impl Drop for Reservation {
     fn drop(&mut self) {
-        lock(&self.waiters.expecting).remove(&self.token);
+        lock(&self.waiters.reservations).remove(&self.token);
     }
 }
 
@@ -472,7 +472,7 @@ fn wake_after_release(keys: &Keys, key: &str, value: &str) {
 /// A caller parked on a key's release; counted until dropped.
 pub(crate) struct Parked<'a> {
     waiters: &'a KeyWaiters,
-    starving: bool,
+    reserving: bool,
 }
 
 impl Drop for Parked<'_> {
@@ -480,9 +480,9 @@ impl Drop for Parked<'_> {
         self.waiters
             .parked
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        if self.starving {
+        if self.reserving {
             self.waiters
-                .starving
+                .reserving
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
@@ -525,13 +525,13 @@ impl KeyWaiters {
             // ours went unrecorded, and those that waited too long look again to reserve it in
             // turn, those parked at once and those looking right now as soon as their look is
             // answered (the count of releases heard moved).
-            if let Some(handed) = lock(&self.expecting).get(token) {
+            if let Some(handed) = lock(&self.reservations).get(token) {
                 handed.notify_one();
                 return;
             }
             self.releases
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            if self.starving.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if self.reserving.load(std::sync::atomic::Ordering::Acquire) > 0 {
                 self.released.notify_waiters();
             }
             return;

@@ -2014,7 +2014,8 @@ pub async fn a_busy_client_cannot_keep_a_key_to_itself(deployment: &impl Deploym
         turn.await.unwrap();
     }
     // The work ahead: at most the four busy callers' turns (2 ms each, and a round trip or two)
-    // after the bound a caller may wait before it is owed the key; far below the 10 s wait.
+    // after the bound a caller may wait before the key is reserved for it; far below the 10 s
+    // wait.
     assert!(
         longest < Duration::from_secs(1),
         "a caller of another client waited {longest:?} while a busy client held the key"

@@ -40,9 +40,9 @@ pub(super) enum Looking {
     /// It fails fast, or looks for the first time: it leaves nothing behind.
     Once,
     /// It waits: it is counted, marks the key and keeps its place; once it has waited longer
-    /// than `protocol::STARVING_AFTER` (since the time given, ms since the Unix epoch), it
+    /// than `protocol::RESERVE_AFTER` (since the time given, ms since the Unix epoch), it
     /// reserves the key.
-    Waiting { starving_since: Option<u64> },
+    Waiting { reserving_since: Option<u64> },
 }
 
 impl Engine {
@@ -145,9 +145,9 @@ impl Engine {
         let ttl = options.ttl;
         let budget = self.acquire_budget(ttl);
         let value = self.value_of(token);
-        let (waiting, starving_since) = match looking {
+        let (waiting, reserving_since) = match looking {
             Looking::Once => (false, None),
-            Looking::Waiting { starving_since } => (true, starving_since),
+            Looking::Waiting { reserving_since } => (true, reserving_since),
         };
         let request = AcquireRequest {
             key,
@@ -157,7 +157,7 @@ impl Engine {
             fencing: options.fencing,
             waiting,
             fair: options.fair,
-            starving_since,
+            reserving_since,
         };
         let (reply, sent_at) = self
             .acquire_in_turn(self.store.acquire(request, budget))

@@ -72,16 +72,16 @@ impl Engine {
         let ttl = options.ttl;
         let budget = self.acquire_budget(ttl);
         let value = self.value_of(token);
-        let (waiting, starving_since) = match looking {
+        let (waiting, reserving_since) = match looking {
             Looking::Once => (false, None),
-            Looking::Waiting { starving_since } => (true, starving_since),
+            Looking::Waiting { reserving_since } => (true, reserving_since),
         };
         let request = ManyRequest {
             keys,
             value: &value,
             ttl,
             waiting,
-            starving_since,
+            reserving_since,
         };
         let (reply, sent_at) = self
             .acquire_in_turn(self.store.acquire_many(request, budget))

@@ -114,7 +114,7 @@ impl Engine {
                 self.waits.released_here(&lease.key, &lease.value);
                 Ok(true)
             }
-            HandOver::HandedElsewhere => {
+            HandOver::ToReservation => {
                 // Not free: the next of this client waits on, for a later release.
                 metrics::release(&lease.prefix, "confirmed");
                 tracing::debug!(key = %lease.key, "lock handed to a caller elsewhere that waited longer");

@@ -1,6 +1,6 @@
 //! Waiting for a busy lock: parked on a release of the key (announced, or made by this client),
 //! offered a hand-over by this client's releases, or looking again when the holder's lease would
-//! have run out. A caller that has waited longer than `protocol::STARVING_AFTER` reserves the
+//! have run out. A caller that has waited longer than `protocol::RESERVE_AFTER` reserves the
 //! key at its looks: the key's next release (or hand-over) passes it straight to the
 //! longest-waiting such caller, in whichever process it runs, and tells that caller alone. So a
 //! busy client cannot keep a key to itself for longer than that bound.
@@ -17,43 +17,43 @@ use crate::error::LockError;
 use crate::metrics::Prefix;
 use crate::options::{LockOptions, WaitPolicy};
 use crate::state::LeaseState;
-use crate::store::protocol::STARVING_AFTER;
+use crate::store::protocol::RESERVE_AFTER;
 use crate::store::protocol::hint;
-use crate::waiters::{Expecting, Handing, Offer, Ticket};
+use crate::waiters::{Handing, Offer, Reservation, Ticket};
 
-/// When a waiter began, and when it is owed the lock: the bound of `protocol::STARVING_AFTER`
-/// on its own clock, and the wall-clock time its reservation names (of two reservations, the
-/// earlier one wins).
+/// When a waiter began, and when the lock is reserved for it: the bound of
+/// `protocol::RESERVE_AFTER` on its own clock, and the wall-clock time its reservation names
+/// (of two reservations, the earlier one wins).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Since {
-    starving_at: Instant,
+    reserving_at: Instant,
     wall_millis: u64,
 }
 
 impl Since {
     pub(super) fn now(wall: clock::Wall) -> Self {
         Self {
-            starving_at: Instant::now() + STARVING_AFTER,
+            reserving_at: Instant::now() + RESERVE_AFTER,
             wall_millis: wall.millis(),
         }
     }
 
     /// Whether it has waited too long: its looks reserve the key.
-    pub(super) fn starving(&self) -> bool {
-        Instant::now() >= self.starving_at
+    pub(super) fn reserving(&self) -> bool {
+        Instant::now() >= self.reserving_at
     }
 
     /// How a look of a caller that may reserve the key goes on now.
     pub(super) fn looking(&self, may_reserve: bool) -> Looking {
         Looking::Waiting {
-            starving_since: (may_reserve && self.starving()).then_some(self.wall_millis),
+            reserving_since: (may_reserve && self.reserving()).then_some(self.wall_millis),
         }
     }
 
     /// How long until it has waited too long, while it has not (a waiter wakes then, to
     /// reserve the key).
-    pub(super) fn until_starving(&self) -> Option<Duration> {
-        let left = self.starving_at.saturating_duration_since(Instant::now());
+    pub(super) fn until_reserving(&self) -> Option<Duration> {
+        let left = self.reserving_at.saturating_duration_since(Instant::now());
         (!left.is_zero()).then_some(left)
     }
 }
@@ -197,7 +197,7 @@ struct Waiter<'e> {
     since: Since,
     /// The key was reserved for this caller by a look: an announcement that it was handed to
     /// the caller wakes it. (Dropped before the ticket it was taken from.)
-    reservation: Option<Expecting>,
+    reservation: Option<Reservation>,
     /// This client's queue of the key that kept the caller out at its last look.
     ticket: Option<Ticket<'e>>,
     stay: Stay<'e>,
@@ -272,7 +272,7 @@ impl<'e> Waiter<'e> {
             let mut reserves = matches!(
                 looking,
                 Looking::Waiting {
-                    starving_since: Some(_)
+                    reserving_since: Some(_)
                 }
             );
             let look = self
@@ -320,7 +320,7 @@ impl<'e> Waiter<'e> {
             let parking = Parking {
                 until,
                 heard,
-                starving: self.policy.reserves && self.since.starving(),
+                reserving: self.policy.reserves && self.since.reserving(),
             };
             if let Some(lease) = self.park(parking).await? {
                 return Ok(self.took(lease));
@@ -335,7 +335,7 @@ impl<'e> Waiter<'e> {
                 .is_some_and(|reservation| !reservation.is_for(&self.token))
             {
                 // The token changed (a hand-over that got no answer): expect the new one.
-                self.reservation = Some(ticket.expect(&self.token));
+                self.reservation = Some(ticket.reservation(&self.token));
             }
         }
     }
@@ -350,13 +350,13 @@ impl<'e> Waiter<'e> {
         let looking = self.since.looking(self.policy.reserves);
         self.stay.looks_as(&self.token);
         if let Looking::Waiting {
-            starving_since: Some(_),
+            reserving_since: Some(_),
         } = looking
             && let Some(ticket) = &self.ticket
             && self.reservation.is_none()
         {
             tracing::debug!(key = %ticket.key(), token_hint = %hint(&self.token), "waited past the starvation bound; reserving the lock");
-            self.reservation = Some(ticket.expect(&self.token));
+            self.reservation = Some(ticket.reservation(&self.token));
         }
         looking
     }
@@ -409,7 +409,7 @@ impl<'e> Waiter<'e> {
         let parking = Parking {
             until: turn,
             heard,
-            starving: false,
+            reserving: false,
         };
         let lease = self.park(parking).await?;
         // Subscribed already: a look that finds the key busy marks it, so that its holder's
@@ -436,7 +436,7 @@ impl<'e> Waiter<'e> {
             // before the bound and answered after it reserved nothing: look again at once (a
             // busy client may hand the key around inside itself, announcing nothing, for as
             // long as the holder's lease).
-            let until = self.since.until_starving().unwrap_or_default();
+            let until = self.since.until_reserving().unwrap_or_default();
             wakes_to_reserve = until <= fallback;
             fallback = fallback.min(until);
         }
@@ -457,7 +457,7 @@ impl<'e> Waiter<'e> {
         let engine = self.engine;
         let key = ticket.key();
         let takes_hand_over = self.policy.takes_hand_over && engine.store.hands_over().is_some();
-        let _parked = ticket.park(parking.starving);
+        let _parked = ticket.park(parking.reserving);
         let mut offer = takes_hand_over.then(|| {
             tracing::debug!(key = %key, token_hint = %hint(&self.token), "parked until the lock is released or handed to this caller");
             ticket.offer(&self.token, self.options)
@@ -516,5 +516,5 @@ struct Parking {
     /// The releases heard before its last look.
     heard: u64,
     /// It waited too long: one that reserves the key at each look.
-    starving: bool,
+    reserving: bool,
 }

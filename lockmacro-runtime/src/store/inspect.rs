@@ -152,7 +152,7 @@ fn read_look(key: &str, reply: Value) -> Option<Snapshot> {
             let stored = protocol::Stored::parse(&value)?;
             reserved_for = stored
                 .reserved
-                .map(|owed| (owed.value.to_owned(), owed.since_ms));
+                .map(|reservation| (reservation.value.to_owned(), reservation.since_ms));
             (LockKind::Exclusive, vec![(stored.holder.to_owned(), left)])
         }
         "hash" => {
@@ -596,15 +596,15 @@ fn quorum_view(
 /// The caller that a majority of the masters reserve the key for, if one (by its token: its
 /// value may differ from master to master, written at different looks).
 fn reserved_on_a_majority(found: &[&Snapshot], quorum: usize) -> Option<(String, u64)> {
-    let token = |owed: &(String, u64)| protocol::holder_token(&owed.0).to_owned();
+    let token = |reservation: &(String, u64)| protocol::holder_token(&reservation.0).to_owned();
     found
         .iter()
         .filter_map(|snapshot| snapshot.reserved_for.as_ref())
-        .find(|owed| {
+        .find(|reservation| {
             let reserved = found
                 .iter()
                 .filter_map(|snapshot| snapshot.reserved_for.as_ref())
-                .filter(|other| token(other) == token(owed))
+                .filter(|other| token(other) == token(reservation))
                 .count();
             reserved >= quorum
         })
@@ -778,9 +778,9 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
 
     #[test]
     fn the_quorum_view_names_the_waiter_a_majority_reserves_for() {
-        let reserved = |owed: Option<&str>| {
+        let reserved = |reservation: Option<&str>| {
             snapshot(&[("a", 900)]).map(|mut snapshot| {
-                snapshot.reserved_for = owed.map(|value| (value.to_owned(), 7));
+                snapshot.reserved_for = reservation.map(|value| (value.to_owned(), 7));
                 snapshot
             })
         };
@@ -826,15 +826,15 @@ e 127.0.0.1:7005@17005 master - 0 0 4 connected
         let held = read_look("k", string(&format!("{value}+"), 5000)).unwrap();
         assert_eq!(held.holders[0].0, value);
         assert_eq!(held.reserved_for, None);
-        let owed = protocol::Origin::new("web-3", 42, "billing")
+        let reservation = protocol::Origin::new("web-3", 42, "billing")
             .value("fedcba9876543210fedcba9876543210", 11);
-        let reserved = format!("{value}+1700000000000/5000/1/{owed}");
+        let reserved = format!("{value}+1700000000000/5000/1/{reservation}");
         let held = read_look("k", string(&reserved, 5000)).unwrap();
         assert_eq!(
             held.holders[0].0, value,
             "the reservation is no part of the holder"
         );
-        assert_eq!(held.reserved_for, Some((owed, 1_700_000_000_000)));
+        assert_eq!(held.reserved_for, Some((reservation, 1_700_000_000_000)));
         assert_eq!(read_look("k", string("hello", 5000)), None);
         assert_eq!(
             read_look("k", string(token, -1)),

@@ -29,9 +29,9 @@
 //! | `extend.lua` | `Data::extend` |
 //! | `release_plain.lua`, `release.lua`, `release_shared.lua` | `Data::release` |
 //! | … `kept` (a `hold_at_least` that runs), `free` | `Data::keep`, `Data::free` |
-//! | `release_many.lua`, its `owed_all_here` | `Data::release_many`, `owed_all_here` |
+//! | `release_many.lua`, its `reserved_all_here` | `Data::release_many`, `reserved_all_here` |
 //! | `hand_over.lua` | `Data::hand_over` |
-//! | the scripts' `SET key {owed}+ PX {ttl}` (a key handed to a reservation) | `Data::hand_to` |
+//! | the scripts' `SET key {reserved}+ PX {ttl}` (a key handed to a reservation) | `Data::hand_to` |
 //! | `leave.lua` | `Data::leave` |
 //! | `watch.lua` | `Data::watch` |
 //! | `force_release.lua` | `Data::force_release` |
@@ -140,7 +140,7 @@ enum Held {
         /// A caller that waits found it busy (Redis's value carries the waited mark): then
         /// its release is announced, as in Redis, even when nobody listens any more.
         waited: bool,
-        /// The caller owed it, when one waited too long: its release hands it over.
+        /// The caller reservation it, when one waited too long: its release hands it over.
         reserved: Option<Reserved>,
     },
     Shared {
@@ -165,7 +165,7 @@ impl Reserved {
     /// What a request that has waited too long reserves, if anything: only an exclusive,
     /// unfair one.
     fn of(request: &AcquireRequest<'_>) -> Option<Self> {
-        let since_ms = request.starving_since?;
+        let since_ms = request.reserving_since?;
         (request.kind == LockKind::Exclusive && !request.fair).then(|| Self {
             since_ms,
             ttl: request.ttl,
@@ -544,7 +544,7 @@ impl Data {
                 .and_then(|held| held.remaining(now));
             if request.waiting {
                 let life = request.waiter_place() + remaining.unwrap_or_default().mul_f64(1.1);
-                let reservation = request.starving_since.map(|since_ms| Reserved {
+                let reservation = request.reserving_since.map(|since_ms| Reserved {
                     since_ms,
                     ttl: request.ttl,
                     keys: request.keys.len(),
@@ -652,7 +652,8 @@ impl Data {
                 ..
             }) if value == lease.value => {
                 let marked = *marked;
-                // A caller of one key owed the lock takes it now, marked, and only it is told.
+                // A caller of one key the lock is reserved for takes it now, marked, and only it
+                // is told.
                 // Not from an undone attempt (an empty message): it held no lock to pass on.
                 if let Some(next) = reserved.clone()
                     && next.keys == 1
@@ -708,12 +709,12 @@ impl Data {
         self.locks.remove(key);
     }
 
-    /// The scripts' `SET key {owed}+ PX {ttl}`: `key` passes to the caller it is reserved for,
+    /// The scripts' `SET key {reserved}+ PX {ttl}`: `key` passes to the caller it is reserved for,
     /// marked, with that caller's ttl; it takes it, and is served, at its next look.
-    fn hand_to(&mut self, key: &str, owed: &Reserved, now: Instant) {
+    fn hand_to(&mut self, key: &str, reservation: &Reserved, now: Instant) {
         let held = Held::Exclusive {
-            value: owed.value.clone(),
-            expires: now + owed.ttl,
+            value: reservation.value.clone(),
+            expires: now + reservation.ttl,
             waited: true,
             reserved: None,
         };
@@ -742,7 +743,7 @@ impl Data {
             .collect();
         let mut released = 0;
         for (key, ours) in keys.iter().zip(&found) {
-            let Some((marked, owed)) = ours else {
+            let Some((marked, reservation)) = ours else {
                 continue;
             };
             let listened = *marked || self.watched(key, now);
@@ -753,10 +754,10 @@ impl Data {
                 if listened {
                     self.publish(key, String::new());
                 }
-            } else if let Some(next) = owed.as_ref().filter(|next| {
-                !message.is_empty() && (next.keys == 1 || owed_all_here(&found, next))
+            } else if let Some(next) = reservation.as_ref().filter(|next| {
+                !message.is_empty() && (next.keys == 1 || reserved_all_here(&found, next))
             }) {
-                // Handed to the caller owed it, marked; only it is told.
+                // Handed to the caller it is reserved for, marked; only it is told.
                 self.hand_to(key, next, now);
                 self.publish(key, handed(message, next.token()));
             } else {
@@ -784,7 +785,7 @@ impl Data {
         let ours = lease.value;
         let next_token = protocol::holder_token(next.value);
         let watched = self.watched(key, now);
-        let (marked, owed) = match self.live(key, now) {
+        let (marked, reservation) = match self.live(key, now) {
             Some(Held::Exclusive {
                 value,
                 waited,
@@ -793,21 +794,24 @@ impl Data {
             }) if value == ours => (*waited, reserved.clone()),
             _ => return HandOver::NotOurs,
         };
-        let owed_token = owed.as_ref().map(Reserved::token);
-        let owed_one_key = owed.as_ref().is_some_and(|owed| owed.keys == 1);
-        if let Some(owed) = owed.as_ref().filter(|_| owed_one_key)
-            && owed_token != Some(next_token)
+        let reserved_token = reservation.as_ref().map(Reserved::token);
+        let reserved_one_key = reservation
+            .as_ref()
+            .is_some_and(|reservation| reservation.keys == 1);
+        if let Some(reservation) = reservation.as_ref().filter(|_| reserved_one_key)
+            && reserved_token != Some(next_token)
         {
-            self.hand_to(key, owed, now);
-            self.publish(key, handed(ours, owed.token()));
-            return HandOver::HandedElsewhere;
+            self.hand_to(key, reservation, now);
+            self.publish(key, handed(ours, reservation.token()));
+            return HandOver::ToReservation;
         }
-        if watched || (owed_one_key && owed_token == Some(next_token)) {
+        if watched || (reserved_one_key && reserved_token == Some(next_token)) {
             self.publish(key, handed(ours, next_token));
         }
         // A reservation for a caller of several keys stays for a release of them all; one for
         // the next holder is served. Watched: the next holder's release is announced too.
-        let reserved = owed.filter(|owed| marked && owed.token() != next_token);
+        let reserved =
+            reservation.filter(|reservation| marked && reservation.token() != next_token);
         let held = Held::Exclusive {
             value: next.value.to_owned(),
             expires: now + next.ttl,
@@ -825,14 +829,14 @@ impl Data {
     }
 }
 
-/// release_many.lua's `owed_all_here`: a caller of several keys is handed them only when they
+/// release_many.lua's `reserved_all_here`: a caller of several keys is handed them only when they
 /// are all released here at once, each reserved for it (it waits for no other key, or it would
 /// not own them all). `found`: each key of the lease that is ours, with its reservation.
-fn owed_all_here(found: &[Option<(bool, Option<Reserved>)>], next: &Reserved) -> bool {
+fn reserved_all_here(found: &[Option<(bool, Option<Reserved>)>], next: &Reserved) -> bool {
     next.keys == found.len()
-        && found
-            .iter()
-            .all(|ours| matches!(ours, Some((_, Some(owed))) if owed.value == next.value))
+        && found.iter().all(
+            |ours| matches!(ours, Some((_, Some(reservation))) if reservation.value == next.value),
+        )
 }
 
 /// What a release of `lease` announces: its value, or "look again" for an undone attempt.
@@ -916,7 +920,7 @@ impl Data {
             } => {
                 reserved_for = reserved
                     .as_ref()
-                    .map(|owed| (owed.value.clone(), owed.since_ms));
+                    .map(|reservation| (reservation.value.clone(), reservation.since_ms));
                 (
                     LockKind::Exclusive,
                     vec![(value.clone(), expires.saturating_duration_since(now))],
@@ -1273,7 +1277,7 @@ impl MemoryHooks {
     }
 
     /// The value of the exclusive lock on `key` as Redis stores it: its holder's value, then
-    /// `+` once a caller waits for it, then the reservation of a caller owed it
+    /// `+` once a caller waits for it, then the reservation of a caller it is reserved for
     /// ([`protocol::Stored`](crate::protocol::Stored) reads it). `None` when no exclusive lock
     /// holds `key`.
     pub fn stored(&self, key: &str) -> Option<String> {

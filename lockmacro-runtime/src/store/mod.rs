@@ -166,9 +166,9 @@ pub(crate) struct AcquireRequest<'a> {
     pub(crate) waiting: bool,
     /// Waiters are served in arrival order, and nobody barges past them.
     pub(crate) fair: bool,
-    /// A waiter that has waited longer than [`protocol::STARVING_AFTER`]: when it began (ms
+    /// A waiter that has waited longer than [`protocol::RESERVE_AFTER`]: when it began (ms
     /// since the Unix epoch), so that a busy key is reserved for it.
-    pub(crate) starving_since: Option<u64>,
+    pub(crate) reserving_since: Option<u64>,
 }
 
 impl AcquireRequest<'_> {
@@ -221,8 +221,8 @@ pub(crate) struct ManyRequest<'a> {
     /// The caller will wait when busy: the busy keys are marked, so that their releases are
     /// announced, and the caller is counted as waiting for every key.
     pub(crate) waiting: bool,
-    /// As [`AcquireRequest::starving_since`].
-    pub(crate) starving_since: Option<u64>,
+    /// As [`AcquireRequest::reserving_since`].
+    pub(crate) reserving_since: Option<u64>,
 }
 
 impl ManyRequest<'_> {
@@ -295,7 +295,7 @@ pub(crate) enum HandOver {
     /// Released and announced instead (a Redlock whose masters did not agree).
     Released,
     /// Handed to a caller elsewhere that had waited too long and reserved the key.
-    HandedElsewhere,
+    ToReservation,
     /// The lease was no longer ours: nothing changed.
     NotOurs,
 }
@@ -306,7 +306,7 @@ impl HandOver {
         match reply {
             1 => Self::Handed,
             2 => Self::Released,
-            3 => Self::HandedElsewhere,
+            3 => Self::ToReservation,
             _ => Self::NotOurs,
         }
     }

@@ -10,7 +10,7 @@
 //!   clock), and who took it ([`Origin`]: host, process id and application name, each of
 //!   `[A-Za-z0-9._-]` only). A value of an older version is the bare token, and still reads as
 //!   a lock. Once a caller waits for it, [`WAITED_MARK`] follows, so that its release is
-//!   announced; once a caller has waited longer than [`STARVING_AFTER`], a reservation for it
+//!   announced; once a caller has waited longer than [`RESERVE_AFTER`], a reservation for it
 //!   follows the mark (`+{since_ms}/{ttl_ms}/{keys}/{its value}`, [`Reservation`]), and the
 //!   release hands the key straight to that caller instead of freeing it ([`Stored`]).
 //! - **A shared lock** (readers, permits) is a hash: field [`KIND_FIELD`] says which
@@ -67,12 +67,12 @@ pub const HANDED_TO: char = '>';
 /// business: a lock under it is announced there too, and heard as a forced release of nothing.
 pub const FORCED_RELEASES: &str = ":forced";
 
-/// How long a caller may wait before it is owed the lock: one that has waited longer (by its
-/// own clock) reserves the key at its next look, and the key's next release (or hand-over
+/// How long a caller may wait before the lock is reserved for it: one that has waited longer (by
+/// its own clock) reserves the key at its next look, and the key's next release (or hand-over
 /// inside its holder's client) hands it straight to the longest-waiting such caller, wherever it
 /// runs. Go's `sync.Mutex` turns to its starvation mode after 1 ms within a process; across
 /// processes a look costs a round trip, so the bound is a few of them.
-pub const STARVING_AFTER: Duration = Duration::from_millis(20);
+pub const RESERVE_AFTER: Duration = Duration::from_millis(20);
 
 /// How long a fair queue place or a waiter's count entry outlives the look that wrote it, at
 /// least: a waiter looks again within the holder's remaining lease (jittered), and its entry
@@ -281,7 +281,7 @@ fn is_origin_byte(byte: u8) -> bool {
 }
 
 /// An exclusive lock's stored value, taken apart: its holder's value, whether a caller waits
-/// for it, and the reservation of a caller owed it, if any.
+/// for it, and the reservation of a caller it is reserved for, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stored<'a> {
     /// The holder's value ([`LockValue`]).
@@ -292,7 +292,7 @@ pub struct Stored<'a> {
     pub reserved: Option<Reservation<'a>>,
 }
 
-/// A caller that waited longer than [`STARVING_AFTER`] and is owed the lock: the key's next
+/// A caller that waited longer than [`RESERVE_AFTER`], the lock reserved for it: the key's next
 /// release (or hand-over) gives it this caller's value and ttl.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reservation<'a> {

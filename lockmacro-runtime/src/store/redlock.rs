@@ -1050,8 +1050,8 @@ impl RedlockStore {
 
 impl HandsOver for RedlockStore {
     /// On every master at once: handed when a majority handed it. Otherwise the next holder's
-    /// value is taken back wherever it landed, and the lease counts as handed to a waiter owed
-    /// it, as released, or as not ours, as a majority says.
+    /// value is taken back wherever it landed, and the lease counts as handed to a waiter it is
+    /// reserved for, as released, or as not ours, as a majority says.
     fn hand_over<'a>(
         &'a self,
         lease: LeaseRef<'a>,
@@ -1085,7 +1085,7 @@ impl HandsOver for RedlockStore {
             let (handed, released, elsewhere, not_ours) = (
                 count(HandOver::Handed),
                 count(HandOver::Released),
-                count(HandOver::HandedElsewhere),
+                count(HandOver::ToReservation),
                 count(HandOver::NotOurs),
             );
             if handed >= quorum {
@@ -1106,9 +1106,10 @@ impl HandsOver for RedlockStore {
             if not_ours >= quorum {
                 Ok(HandOver::NotOurs)
             } else if elsewhere >= quorum {
-                Ok(HandOver::HandedElsewhere)
+                Ok(HandOver::ToReservation)
             } else if handed + released + elsewhere >= quorum {
-                // Gone from a majority (freed, or passed to a waiter owed it): no longer ours.
+                // Gone from a majority (freed, or passed to a waiter it is reserved for): no
+                // longer ours.
                 Ok(HandOver::Released)
             } else {
                 Err(answers

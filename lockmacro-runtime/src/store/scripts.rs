@@ -153,7 +153,7 @@ pub(crate) fn acquire(request: &AcquireRequest<'_>, names: &AcquireNames) -> red
         .arg(flag(request.fair))
         .arg(flag(request.waiting))
         .arg(millis(request.waiter_place()))
-        .arg(reservation(request.starving_since, request.ttl, 1));
+        .arg(reservation(request.reserving_since, request.ttl, 1));
     cmd
 }
 
@@ -230,7 +230,7 @@ pub(crate) fn acquire_many(
     for name in waiters {
         cmd.arg(name);
     }
-    let since = request.starving_since.filter(|_| whole);
+    let since = request.reserving_since.filter(|_| whole);
     cmd.arg(request.value)
         .arg(millis(request.ttl))
         .arg(if request.waiting { "1" } else { "0" })
@@ -341,7 +341,7 @@ pub(crate) enum PlainRelease {
     Released,
     /// Not ours (gone, or another's): nothing changed.
     NotOurs,
-    /// Ours but marked (waited for, owed, watched): nothing changed; [`release`] tells them.
+    /// Ours but marked (waited for, reserved, watched): nothing changed; [`release`] tells them.
     Marked,
 }
 

@@ -1073,7 +1073,7 @@ impl<T: Transport> Store for RedisStore<T> {
             }
             if scripts::releases_plainly(&lease) {
                 // A key nobody waits for or watches: the compare-and-delete alone. A marked
-                // key (waited for, owed, watched) is told by the full release script.
+                // key (waited for, reserved, watched) is told by the full release script.
                 let plain = scripts::release_plain(&lease);
                 match PlainRelease::of(self.run_script(lease.key, &plain).await?) {
                     PlainRelease::Released => return Ok(true),

@@ -11,12 +11,12 @@
 -- read, 'p' permits; ARGV[5] = how many permits; ARGV[6] = '1' when fair; ARGV[7] = '1' when
 -- the caller will wait; ARGV[8] = how long a waiter's place lasts unless it comes back, ms;
 -- ARGV[9] = the caller's reservation (`{since_ms}/{ttl_ms}/1`) once it has waited longer than
--- protocol::STARVING_AFTER, '' before.
+-- protocol::RESERVE_AFTER, '' before.
 --
 -- An exclusive lock is a string: its holder's value, then '+' once a caller that waits found it
 -- busy, so that its release announces itself (one nobody waits for announces nothing), then the
--- reservation of the caller owed it, if any: the release hands the key to that caller. Readers
--- and permit holders share a hash: field `kind` says which ('read' or 'permits:N'), and each
+-- reservation for a caller that waited too long, if any: the release hands the key to that
+-- caller. Readers and permit holders share a hash: field `kind` says which ('read' or 'permits:N'), and each
 -- holder has a field of its own, its value, holding its own expiry (ms, server clock), so each
 -- lease lives and ends on its own. Anything else under the key is not a lock, and is left as it
 -- is.

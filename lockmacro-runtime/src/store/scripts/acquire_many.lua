@@ -3,7 +3,7 @@
 -- callers waiting for each (see values.lua), in the same order. ARGV[1] = the lease's value;
 -- ARGV[2] = ttl ms; ARGV[3] = '1' when the caller will wait; ARGV[4] = how long a waiter's
 -- entry lasts unless it comes back, ms; ARGV[5] = the caller's reservation
--- (`{since_ms}/{ttl_ms}/{keys}`) once it has waited longer than protocol::STARVING_AFTER, ''
+-- (`{since_ms}/{ttl_ms}/{keys}`) once it has waited longer than protocol::RESERVE_AFTER, ''
 -- before, and always '' when these are not all of its keys (a cluster's slots taken one by one).
 --
 -- Each key is taken as acquire.lua takes an exclusive lock: a string holding the value. A key

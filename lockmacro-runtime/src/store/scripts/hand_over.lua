@@ -12,7 +12,7 @@
 -- (see acquire.lua); ARGV[1] = our value; ARGV[2] = the next holder's value; ARGV[3] = its ttl
 -- in ms; ARGV[4] = 'sharded' for a cluster's sharded channel (SPUBLISH), absent otherwise
 -- (PUBLISH).
--- Returns 1 when handed over, 3 when handed to a caller elsewhere that was owed it, 0 when the
+-- Returns 1 when handed over, 3 when handed to a caller elsewhere it was reserved for, 0 when the
 -- key was not ours (nothing changed).
 local key, ours = KEYS[1], ARGV[1]
 local publish = ARGV[4] == 'sharded' and 'SPUBLISH' or 'PUBLISH'
@@ -27,23 +27,23 @@ end
 local marked = holder ~= ours
 -- What follows the mark: a reservation, if any.
 local after = marked and string.sub(holder, #ours + 2) or ''
-local ttl, keys, owed = string.match(after, '^%d+/(%d+)/(%d+)/(.*)$')
-local owed_token = owed and string.match(owed, '^[^;]*')
-if keys == '1' and owed_token ~= next_token then
-  redis.call('SET', key, owed .. '+', 'PX', ttl)
-  redis.call(publish, KEYS[2], ours .. '>' .. owed_token)
+local ttl, keys, reserved = string.match(after, '^%d+/(%d+)/(%d+)/(.*)$')
+local reserved_token = reserved and string.match(reserved, '^[^;]*')
+if keys == '1' and reserved_token ~= next_token then
+  redis.call('SET', key, reserved .. '+', 'PX', ttl)
+  redis.call(publish, KEYS[2], ours .. '>' .. reserved_token)
   return 3
 end
 -- Announced when watched, and when it serves the next holder's reservation: the key keeps one
 -- reservation, so every other caller that reserved it went unrecorded and looks again, to
 -- reserve it in turn.
-if found[2] or (keys == '1' and owed_token == next_token) then
+if found[2] or (keys == '1' and reserved_token == next_token) then
   redis.call(publish, KEYS[2], ours .. '>' .. next_token)
 end
 if marked then
   -- A reservation for callers of several keys stays for a release of them all; one for the
   -- next holder is served.
-  if owed_token == next_token then after = '' end
+  if reserved_token == next_token then after = '' end
   next_value = next_value .. '+' .. after
 elseif found[2] then
   -- Watched: the next holder's release is announced too (see watch.lua).

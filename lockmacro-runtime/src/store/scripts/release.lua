@@ -62,10 +62,11 @@ if holder then
   if kept then
     redis.call('PEXPIRE', key, kept)
   else
-    -- A caller of one key owed the lock (a reservation after the mark) takes it now, marked:
+    -- A caller of one key the lock is reserved for (a reservation after the mark) takes it now,
+    -- marked:
     -- the key is never free for another to barge in, and only that caller is told. Not from an
     -- undone attempt: it held no lock to pass on (a minority of Redlock's masters handing the
-    -- key over would split them), and the caller owed it looks again when told to.
+    -- key over would split them), and the caller it was reserved for looks again when told to.
     local ttl, keys, next_value = nil, nil, nil
     if marked and message ~= '' then
       ttl, keys, next_value = string.match(string.sub(holder, #token + 2), '^%d+/(%d+)/(%d+)/(.*)$')

@@ -23,35 +23,35 @@ local released = 0
 -- Every lock's value (false for none, or a shared lock's hash) and every watch mark, at once.
 local found = redis.call('MGET', unpack(KEYS))
 -- Each key of ours, and the caller it is reserved for: `{ttl, keys, value}`, or false.
-local ours, owed = {}, {}
+local ours, reserved = {}, {}
 for i = 1, n do
   local holder = found[i]
   if holder == token then
-    ours[i], owed[i] = true, false
+    ours[i], reserved[i] = true, false
   elseif holder and string.sub(holder, 1, #token + 1) == token .. '+' then
     ours[i] = true
     local ttl, keys, next_value = string.match(string.sub(holder, #token + 2), '^%d+/(%d+)/(%d+)/(.*)$')
-    owed[i] = ttl and {ttl, tonumber(keys), next_value} or false
+    reserved[i] = ttl and {ttl, tonumber(keys), next_value} or false
   end
 end
 -- A caller of several keys is handed them only when they are all released here at once: these
 -- keys, each reserved for it (it waits for no other key, or it would not own them all).
-local function owed_all_here(next_value, keys)
+local function reserved_all_here(next_value, keys)
   if keys ~= n then return false end
   for i = 1, n do
-    if not (owed[i] and owed[i][3] == next_value) then return false end
+    if not (reserved[i] and reserved[i][3] == next_value) then return false end
   end
   return true
 end
 for i = 1, n do
   if ours[i] then
     local listened = found[i] ~= token or found[n + i]
-    local next = owed[i]
+    local next = reserved[i]
     if kept then
       redis.call('PEXPIRE', KEYS[i], kept)
       if listened then redis.call(publish, KEYS[n + i], '') end
-    elseif next and message ~= '' and (next[2] == 1 or owed_all_here(next[3], next[2])) then
-      -- Handed to the caller owed it, marked; only it is told.
+    elseif next and message ~= '' and (next[2] == 1 or reserved_all_here(next[3], next[2])) then
+      -- Handed to the caller it is reserved for, marked; only it is told.
       redis.call('SET', KEYS[i], next[3] .. '+', 'PX', next[1])
       redis.call(publish, KEYS[n + i], message .. '>' .. string.match(next[3], '^[^;]*'))
     else

@@ -2,8 +2,8 @@
 -- every uncontended release runs, so it reads the lock's value and nothing else.
 -- KEYS[1] = lock key; ARGV[1] = our lease's value.
 -- Returns 1 when our lease was removed, 0 when it was not ours (gone, another's, no string);
--- 2 when it is ours but marked (its value followed by '+': a caller waits for it, a caller is
--- owed it, or a watch follows it, see protocol.rs): nothing was changed, and the caller sends
+-- 2 when it is ours but marked (its value followed by '+': a caller waits for it, it is reserved
+-- for one, or a watch follows it, see protocol.rs): nothing was changed, and the caller sends
 -- release.lua, which tells them.
 local v = redis.pcall('GET', KEYS[1])
 if v == ARGV[1] then

@@ -1,9 +1,9 @@
 -- What a lock key holds and the marks on it, one home for the acquire scripts (put in front of
 -- acquire.lua and acquire_many.lua by `scripts.rs`). The format is protocol.rs's: an exclusive
 -- lock's value is its holder's value `{token};{acquired_ms};{pid};{host};{app}` (or a bare
--- token, from an older version), then '+' once a caller waits, then the reservation of a caller
--- owed the key, `{since_ms}/{ttl_ms}/{keys}/{its value}`; a shared lock is a hash with a `kind`
--- field.
+-- token, from an older version), then '+' once a caller waits, then the reservation for a caller
+-- that waited too long, `{since_ms}/{ttl_ms}/{keys}/{its value}`; a shared lock is a hash with
+-- a `kind` field.
 
 -- Whether the string `v` is a lock value of ours.
 local function is_lock_value(v)
