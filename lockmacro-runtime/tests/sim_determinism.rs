@@ -697,7 +697,7 @@ fn replay(seed: u64, coverage: &mut BTreeMap<&'static str, u64>) -> Result<Trace
         *coverage.entry(name).or_default() += count;
     }
     let first = first?;
-    if std::env::var_os("SIM_TRACE").is_some() {
+    if std::env::var_os("SIM_TRACE").is_some_and(|trace| !trace.is_empty()) {
         print!("{first}");
     }
     let again = world(seed)?;

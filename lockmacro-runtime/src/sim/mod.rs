@@ -201,6 +201,13 @@ pub fn sometimes(name: &'static str) {
     }
 }
 
+/// [`sometimes`] when `reached`: one line at a call site in the engine.
+pub(crate) fn sometimes_if(reached: bool, name: &'static str) {
+    if reached {
+        sometimes(name);
+    }
+}
+
 /// How often each rare state was reached on this thread since the last call, by name.
 pub fn take_coverage() -> BTreeMap<&'static str, u64> {
     COVERAGE.with(|counts| std::mem::take(&mut *counts.borrow_mut()))
