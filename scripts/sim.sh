@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
 # The deterministic simulator: in-memory worlds run on one thread in paused time, every source of
 # chance drawn from a seed (lockmacro-runtime/tests/sim_determinism.rs, feature `sim`). Each seed
-# runs twice; it passes when both runs give one trace and no two callers held the lock at once.
+# runs twice; it passes when both runs give one trace and the checker finds nothing (exclusion
+# per kind, fencing; once the simulated network's faults healed, no waiter left asleep).
 #
-#   scripts/sim.sh --seeds N [--from S]   N seeds from S on (S random unless given)
-#   scripts/sim.sh --seed S               seed S alone: a failure, replayed
+#   scripts/sim.sh --seeds N [--from S | --random]   N seeds from S (default 1; --random: a
+#                                                    random start, printed)
+#   scripts/sim.sh --seed S                          seed S alone, its trace printed in full
 #
 # Prints `trace <seed> <hash>` for each seed that passed and `seed <seed> failed: <why>` for
-# each that did not; exits non-zero when one failed.
+# each that did not, then `sometimes <name> <count>` for each rare state the runs reached;
+# exits non-zero when a seed failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-    sed -n '6,7p' "$0" | sed 's/^# *//' >&2
+    sed -n '6,9p' "$0" | sed 's/^# *//' >&2
     exit 2
 }
 number() {
     [[ "${1:-}" =~ ^[0-9]{1,18}$ ]] || { echo "not a number: '${1:-}'" >&2; usage; }
 }
 
-count= from= seed=
+count= from= seed= random=
 while [ $# -gt 0 ]; do
+    if [ "$1" = --random ]; then
+        random=1
+        shift
+        continue
+    fi
     [ $# -ge 2 ] || usage
     case "$1" in
         --seeds) number "$2"; count=$2 ;;
@@ -30,11 +38,15 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
+trace=
 if [ -n "$seed" ]; then
-    [ -z "$count$from" ] || usage
+    [ -z "$count$from$random" ] || usage
     range=$seed
+    trace=1
 elif [ -n "$count" ]; then
-    from=${from:-$(( (RANDOM << 15) | RANDOM ))}
+    [ -z "$from" ] || [ -z "$random" ] || usage
+    [ -z "$random" ] || from=$(( (RANDOM << 15) | RANDOM ))
+    from=${from:-1}
     range="$from..$((from + count))"
     echo "seeds $range"
 else
@@ -44,11 +56,15 @@ fi
 output=$(mktemp)
 trap 'rm -f "$output"' EXIT
 status=0
-SIM_SEEDS=$range cargo test -q -p lockmacro-runtime --all-features --test sim_determinism -- \
+SIM_SEEDS=$range SIM_TRACE=$trace cargo test -q -p lockmacro-runtime --all-features --test sim_determinism -- \
     --exact a_seed_replays_its_trace_exactly_keeps_exclusion_and_another_seed_differs \
     --nocapture --test-threads=1 >"$output" 2>&1 || status=$?
 # `-q` prints a dot per test, which may land before a line.
-grep -oE 'trace [0-9]+ [0-9a-f]+|seed [0-9]+ failed: .*' "$output" || true
+if [ -n "$trace" ]; then
+    # The seed's trace: the faults, then each call's events stamped in simulated µs.
+    grep -E '^faults |^ +[0-9]+ p[0-9]' "$output" || true
+fi
+grep -oE 'trace [0-9]+ [0-9a-f]+|seed [0-9]+ failed: .*|sometimes .*' "$output" || true
 if [ "$status" -ne 0 ] && ! grep -q 'failed: ' "$output"; then
     # Not a seed's failure (a build error, a panic): show what cargo said.
     tail -n 40 "$output" >&2

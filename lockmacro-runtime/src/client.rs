@@ -160,15 +160,17 @@ impl LockClient {
         )
     }
 
-    /// Simulated process `n` of the deterministic simulator (feature `sim`), over the store of
-    /// `hooks`: runs on the caller's runtime, names itself `sim-n` (`pid` `n`, app `sim`) in
-    /// its lock values, and reads a wall clock `wall_skew_ms` off the simulation's. Not an API
-    /// for applications.
+    /// Simulated process `n` of the deterministic simulator (feature `sim`), over `store` (an
+    /// in-memory store's hooks, or a link of the simulated network to one): runs on the
+    /// caller's runtime, names itself `sim-n` (`pid` `n`, app `sim`) in its lock values, and
+    /// reads a wall clock `wall_skew_ms` off the simulation's. Not an API for applications.
     #[cfg(feature = "sim")]
     #[doc(hidden)]
-    pub fn simulated(hooks: &crate::MemoryHooks, n: u32, wall_skew_ms: i64) -> Self {
-        Self::over_memory_as(
-            hooks.store.clone(),
+    pub fn simulated(store: impl Into<crate::sim::Backing>, n: u32, wall_skew_ms: i64) -> Self {
+        let backing = store.into();
+        Self::over_store_as(
+            backing.store,
+            backing.memory,
             crate::protocol::Origin::new(&format!("sim-{n}"), n, "sim"),
             crate::clock::Wall::skewed(wall_skew_ms),
         )
@@ -180,8 +182,19 @@ impl LockClient {
         origin: crate::protocol::Origin,
         wall: crate::clock::Wall,
     ) -> Self {
+        Self::over_store_as(Arc::new(store.clone()), store, origin, wall)
+    }
+
+    /// A client over `store`, in front of the in-memory `memory` (its test hooks').
+    #[cfg(feature = "test-util")]
+    fn over_store_as(
+        store: Arc<dyn crate::store::Store>,
+        memory: crate::store::memory::MemoryStore,
+        origin: crate::protocol::Origin,
+        wall: crate::clock::Wall,
+    ) -> Self {
         let client = Self::assemble(Parts {
-            store: Arc::new(store.clone()),
+            store,
             background: crate::background::Background::on_callers_runtime(),
             timing: crate::engine::Timing {
                 scan_interval: Duration::from_secs(2),
@@ -193,7 +206,7 @@ impl LockClient {
             origin,
         });
         Self {
-            memory: Some(store),
+            memory: Some(memory),
             ..client
         }
     }

@@ -123,7 +123,8 @@ pub mod __private;
 #[cfg(feature = "sim")]
 #[doc(hidden)]
 pub mod __sim {
-    pub use crate::sim::{draw, run};
+    pub use crate::sim::net::{Link, Network};
+    pub use crate::sim::{Backing, Stream, draw, run, sometimes, stream, take_coverage};
 
     /// A new in-memory store, for [`LockClient::simulated`](crate::LockClient::simulated).
     pub fn memory() -> crate::MemoryHooks {

@@ -20,7 +20,7 @@ use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -62,7 +62,7 @@ struct KeyWaiters {
     waiters: Mutex<usize>,
     /// Waiters that must all look at each release (readers, fair waiters), not just one.
     everyone: std::sync::atomic::AtomicUsize,
-    hearing: watch::Sender<Hearing>,
+    hearing: HearingNow,
     /// Parked waiters a release of this client may hand the lock to, longest parked first.
     candidates: Mutex<VecDeque<Candidate>>,
     /// Callers parked on a release of the key now.
@@ -168,6 +168,49 @@ pub(crate) enum Hearing {
     Heard,
     /// The subscription failed or was lost: waiters go by the holder's remaining lease.
     Unheard,
+}
+
+/// Whether releases of a key reach its waiters now, and a wake-up for those waiting until it is
+/// settled. (A `watch` channel would do, but which of its waiters wakes first is drawn from
+/// tokio's thread RNG, which a simulation cannot seed; `Notify` wakes in order.)
+struct HearingNow {
+    now: Mutex<Hearing>,
+    changed: Notify,
+}
+
+impl Default for HearingNow {
+    fn default() -> Self {
+        Self {
+            now: Mutex::new(Hearing::Pending),
+            changed: Notify::new(),
+        }
+    }
+}
+
+impl HearingNow {
+    fn get(&self) -> Hearing {
+        *lock(&self.now)
+    }
+
+    fn set(&self, hearing: Hearing) {
+        *lock(&self.now) = hearing;
+        self.changed.notify_waiters();
+    }
+
+    /// Once it is no longer [`Hearing::Pending`]: what it is then.
+    async fn settled(&self) -> Hearing {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            // Listening before looking: a change after the look wakes us.
+            changed.as_mut().enable();
+            let now = self.get();
+            if now != Hearing::Pending {
+                return now;
+            }
+            changed.await;
+        }
+    }
 }
 
 enum Command {
@@ -289,7 +332,7 @@ impl WaitQueue {
                     releases: std::sync::atomic::AtomicU64::new(0),
                     waiters: Mutex::new(0),
                     everyone: std::sync::atomic::AtomicUsize::new(0),
-                    hearing: watch::Sender::new(Hearing::Pending),
+                    hearing: HearingNow::default(),
                     candidates: Mutex::new(VecDeque::new()),
                     parked: std::sync::atomic::AtomicUsize::new(0),
                     reserving: std::sync::atomic::AtomicUsize::new(0),
@@ -365,11 +408,10 @@ impl Ticket<'_> {
     /// Waits (at most `budget`) until the subscription is confirmed or has failed; `true` when
     /// releases of the key are heard from now on.
     pub(crate) async fn subscribed(&self, budget: Duration) -> bool {
-        let mut hearing = self.waiters.hearing.subscribe();
-        let settled = hearing.wait_for(|hearing| *hearing != Hearing::Pending);
+        let settled = self.waiters.hearing.settled();
         matches!(
             tokio::time::timeout(budget, settled).await,
-            Ok(Ok(heard)) if *heard == Hearing::Heard
+            Ok(Hearing::Heard)
         )
     }
 
@@ -647,14 +689,14 @@ impl Listener {
                     // it was tried a moment ago (then the backoff's next try will).
                     let tried_lately = self.tried_at.is_some_and(|at| at.elapsed() < REOPEN_BASE);
                     if tried_lately {
-                        waiters.hearing.send_replace(Hearing::Unheard);
+                        waiters.hearing.set(Hearing::Unheard);
                     } else {
                         self.reopen_at = None;
                         let _ = self.open().await;
                     }
                     return;
                 }
-                if *waiters.hearing.borrow() == Hearing::Heard {
+                if waiters.hearing.get() == Hearing::Heard {
                     return;
                 }
                 let Some(feed) = self.feed.as_mut() else {
@@ -662,7 +704,7 @@ impl Listener {
                 };
                 match metrics::timed("subscribe", feed.watch(&key)).await {
                     Ok(()) => {
-                        waiters.hearing.send_replace(Hearing::Heard);
+                        waiters.hearing.set(Hearing::Heard);
                     }
                     Err(error) => {
                         tracing::debug!(key = %key, error = %error, "cannot subscribe to releases; waiters go by the holder's remaining lease");
@@ -697,7 +739,7 @@ impl Listener {
             }
             for (key, waiters) in &watched {
                 feed.watch(key).await?;
-                waiters.hearing.send_replace(Hearing::Heard);
+                waiters.hearing.set(Hearing::Heard);
             }
             Ok::<_, StoreError>(feed)
         };
@@ -730,7 +772,7 @@ impl Listener {
             tracing::debug!(why, "release subscription lost; reopening");
         }
         for waiters in lock(&self.keys).values() {
-            waiters.hearing.send_replace(Hearing::Unheard);
+            waiters.hearing.set(Hearing::Unheard);
             waiters.wake();
         }
         self.reopen_at = Some(Instant::now() + self.backoff.next_delay());

@@ -1,71 +1,245 @@
-//! The simulator's first promises: a seed replays exactly, and no two callers hold the lock at
-//! once. A small in-memory world (a few simulated processes, each with its own wall-clock skew,
-//! several tasks contending for one key with `wait`, pauses and bodies of lengths drawn from the
-//! seed) runs on one thread in paused time. Its trace (each call's outcome, stamped with
-//! simulated time, with tokens and fencing tokens) hashes the same every time its seed runs, and
-//! differently for another seed.
+//! The simulator's worlds: several simulated processes (clients, each with its own wall-clock
+//! skew and its own link of the simulated network to one in-memory store) run tasks of locked
+//! calls whose options are drawn per call (exclusive, read or permits, fencing, fair, wait or
+//! not, key lists, `hold_at_least`, `max_renewals`), on one thread in paused time, while the
+//! network loses replies, delays and loses announcements, closes subscriptions and cuts clients
+//! off, until its faults heal.
+//!
+//! Every draw of a scenario comes from a stream of its own (the world's, a client's, a call's:
+//! `__sim::stream`), so removing one call changes no other call's draws. Each seed runs twice:
+//! its trace (what each call saw, stamped with simulated time) must hash the same both times,
+//! and differ from another seed's. The checker judges each trace in simulated time: exclusion
+//! per kind and fencing tokens always; once the faults healed (and a grace for what they left
+//! behind), no waiter asleep on a free key past a bound, and a waiter that waited past the
+//! starvation bound not passed over by callers that came after it.
 //!
 //! `scripts/sim.sh` runs it over other seeds (`SIM_SEEDS`), printing `trace <seed> <hash>` for
-//! each seed that replayed and kept exclusion, and `seed <seed> failed: <why>` otherwise.
+//! each seed that passed, `seed <seed> failed: <why>` otherwise, and `sometimes <name> <count>`
+//! for each rare state the runs reached (`SIM_TRACE=1` prints each seed's whole trace).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockmacro_runtime::__sim::{self, draw};
+use lockmacro_runtime::__sim::{self, Network, Stream};
+use lockmacro_runtime::protocol::RESERVE_AFTER;
 use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions};
 use tokio::time::Instant;
 
-/// One thing a task saw, at a simulated time (µs since the world began).
+/// The keys of every world.
+const KEYS: usize = 3;
+/// The leases a call may ask for (ms).
+const TTLS_MS: [u64; 3] = [150, 400, 1_000];
+/// The longest `hold_at_least` a call asks for (ms).
+const MAX_HOLD_AT_LEAST_MS: u64 = 800;
+/// How far a client's wall clock may be off the world's (ms, either way).
+const MAX_SKEW_MS: u64 = 100;
+/// How long after the faults healed the liveness checks (and `hold_at_least`'s windows) begin:
+/// what the faults left behind has run out by then (a request sent before, slow on its
+/// connection for up to about a second, a waiter sleeping out a lease it saw, a subscription
+/// reopening after its backoff, a look made again after its own).
+const GRACE: Duration = Duration::from_millis(2_500);
+/// How long a world may run, in simulated time.
+const SIMULATED_LIMIT: Duration = Duration::from_secs(60);
+
+/// Labels of the scenario's streams.
+const WORLD: u64 = 1;
+const CLIENT: u64 = 2;
+const CALL: u64 = 3;
+
+/// Who may share a key with whom: each key has one shared kind beside exclusive locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Read,
+    Permits(u32),
+}
+
+/// One locked call, drawn before the world runs from the call's own stream.
+#[derive(Debug, Clone)]
+struct Call {
+    /// `p<client>.t<task>.c<call>`.
+    name: String,
+    pause: Duration,
+    keys: Vec<usize>,
+    kind: Kind,
+    fencing: bool,
+    fair: bool,
+    wait: Option<Duration>,
+    ttl: Duration,
+    body: Duration,
+    hold_at_least: Option<Duration>,
+    max_renewals: Option<u32>,
+}
+
+impl Call {
+    fn draw(name: String, stream: &mut Stream, shared: &[Kind; KEYS], first: bool) -> Self {
+        let pause = match first {
+            true => stream.millis(0, 3_000),
+            false => stream.millis(0, 400),
+        };
+        let key = stream.below(KEYS as u64) as usize;
+        let (keys, kind) = match stream.below(10) {
+            0..5 => (vec![key], Kind::Exclusive),
+            5..8 => (vec![key], shared[key]),
+            _ => {
+                let mut keys = vec![key, (key + 1 + stream.below(2) as usize) % KEYS];
+                if stream.percent(30) {
+                    keys.push(3 - keys[0] - keys[1]);
+                }
+                (keys, Kind::Exclusive)
+            }
+        };
+        let single = keys.len() == 1;
+        let ttl = Duration::from_millis(TTLS_MS[stream.below(TTLS_MS.len() as u64) as usize]);
+        Self {
+            name,
+            pause,
+            kind,
+            fencing: single && stream.percent(30),
+            fair: single && stream.percent(15),
+            wait: stream.percent(75).then(|| stream.millis(200, 3_000)),
+            body: stream.millis(1, (ttl.as_millis() as u64 * 3 / 2).min(600)),
+            hold_at_least: stream
+                .percent(15)
+                .then(|| stream.millis(50, MAX_HOLD_AT_LEAST_MS)),
+            max_renewals: (!stream.percent(60)).then(|| stream.below(3) as u32),
+            keys,
+            ttl,
+        }
+    }
+
+    fn options(&self) -> LockOptions {
+        let mut options = LockOptions::new()
+            .ttl(self.ttl)
+            .fencing(self.fencing)
+            .fair(self.fair);
+        options = match self.kind {
+            Kind::Exclusive => options,
+            Kind::Read => options.read(),
+            Kind::Permits(permits) => options.permits(permits),
+        };
+        options = match self.max_renewals {
+            Some(renewals) => options.max_renewals(renewals),
+            None => options.unlimited_renewals(),
+        };
+        if let Some(hold) = self.hold_at_least {
+            options = options.hold_at_least(hold);
+        }
+        if let Some(wait) = self.wait {
+            options = options.wait(wait);
+        }
+        options
+    }
+}
+
+/// A world's plan: its clients (each a skew and tasks of calls) and each key's shared kind.
+struct Scenario {
+    shared: [Kind; KEYS],
+    clients: Vec<(i64, Vec<Vec<Call>>)>,
+}
+
+impl Scenario {
+    fn draw(seed: u64) -> Self {
+        let mut world = Stream::of(seed, &[WORLD]);
+        let shared = [(); KEYS].map(|()| match world.percent(50) {
+            true => Kind::Read,
+            false => Kind::Permits(world.between(1, 3) as u32),
+        });
+        let clients = (0..world.between(2, 4))
+            .map(|client| {
+                let mut stream = Stream::of(seed, &[CLIENT, client]);
+                let skew = stream.between(0, 2 * MAX_SKEW_MS) as i64 - MAX_SKEW_MS as i64;
+                let tasks = (0..stream.between(1, 3))
+                    .map(|task| {
+                        (0..stream.between(2, 6))
+                            .map(|call| {
+                                let mut stream = Stream::of(seed, &[CALL, client, task, call]);
+                                let name = format!("p{client}.t{task}.c{call}");
+                                Call::draw(name, &mut stream, &shared, call == 0)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                (skew, tasks)
+            })
+            .collect();
+        Self { shared, clients }
+    }
+}
+
+/// One thing a call saw, at a simulated time (µs since the world began).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Event {
-    at_us: u128,
-    /// `p<process>.t<task>`.
-    who: String,
+    at_us: u64,
+    call: usize,
     what: What,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum What {
-    /// Its body began, holding the lock.
-    Acquired {
+    /// It began: it waits for the lock from now on when it has a `wait`.
+    Started,
+    /// Its body began, holding the lock: with the lease's local time left.
+    Entered {
         token: String,
         fencing: Option<u64>,
+        time_left_us: u64,
     },
-    /// Its body ended (the lock is released after).
-    Released,
-    Busy {
-        retry_after: Option<Duration>,
-    },
-    Failed(String),
+    /// Its body ended, or was cut short (the lock is released after).
+    Left,
+    /// The call returned.
+    Ended(Outcome),
 }
 
-impl fmt::Display for Event {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:>9} {} ", self.at_us, self.who)?;
-        match &self.what {
-            What::Acquired { token, fencing } => write!(f, "acquired {token} fencing {fencing:?}"),
-            What::Released => write!(f, "released"),
-            What::Busy { retry_after } => write!(f, "busy, retry after {retry_after:?}"),
-            What::Failed(error) => write!(f, "failed: {error}"),
-        }
-    }
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    Busy,
+    /// Another error, by its variant's name.
+    Error(String),
 }
 
-/// What one seed's world did, in the order it happened.
+/// What one seed's world did, in the order it happened, and what it was.
 struct Trace {
+    calls: Vec<Call>,
+    /// The faults of its network, described.
+    network: String,
+    healed_at_us: u64,
     events: Vec<Event>,
 }
 
+impl fmt::Display for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.network)?;
+        for event in &self.events {
+            let call = &self.calls[event.call];
+            write!(f, "{:>9} {} ", event.at_us, call.name)?;
+            match &event.what {
+                What::Started => writeln!(f, "started: {call:?}")?,
+                What::Entered {
+                    token,
+                    fencing,
+                    time_left_us,
+                } => writeln!(
+                    f,
+                    "entered {token} fencing {fencing:?} time left {time_left_us} us"
+                )?,
+                What::Left => writeln!(f, "left")?,
+                What::Ended(outcome) => writeln!(f, "ended {outcome:?}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Trace {
-    /// FNV-1a over the events as text: the same number on every platform and toolchain.
+    /// FNV-1a over the trace as text: the same number on every platform and toolchain.
     fn hash(&self) -> u64 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for event in &self.events {
-            for byte in event.to_string().bytes().chain([b'\n']) {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-            }
+        for byte in self.to_string().bytes() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
         }
         hash
     }
@@ -74,100 +248,435 @@ impl Trace {
         self.events.iter().filter(|event| what(&event.what)).count()
     }
 
-    /// At most one body holds the lock at any simulated instant: each body begins after the
-    /// one before it ended. The first body that began while another held the lock, if any.
+    /// Every check, first failure first.
+    fn check(&self) -> Result<(), String> {
+        self.exclusion()?;
+        self.fencing()?;
+        self.liveness()
+    }
+
+    fn outcome(&self, call: usize) -> Option<&Outcome> {
+        self.events.iter().find_map(|event| match &event.what {
+            What::Ended(outcome) if event.call == call => Some(outcome),
+            _ => None,
+        })
+    }
+
+    fn describe(&self, event: &Event) -> String {
+        let call = &self.calls[event.call];
+        format!(
+            "{} at {} us ({:?} on {:?})",
+            call.name, event.at_us, call.kind, call.keys
+        )
+    }
+
+    /// Holders of each key never meet unless their kinds share it: an exclusive lock alone, no
+    /// writer with readers, at most N permits. A body counts from its start to its end, and on
+    /// to the end of its `hold_at_least` when its call succeeded and left after the faults
+    /// healed (a release the network lost or delayed cannot keep the key).
     fn exclusion(&self) -> Result<(), String> {
-        let mut holder: Option<&Event> = None;
+        let mut holders: Vec<Vec<(usize, Option<u64>)>> = vec![Vec::new(); KEYS];
+        let mut entered: HashMap<usize, &Event> = HashMap::new();
         for event in &self.events {
-            match (&event.what, holder) {
-                (What::Acquired { .. }, Some(held)) => {
-                    return Err(format!(
-                        "two holders: `{event}` while `{held}` had not ended"
-                    ));
+            let call = &self.calls[event.call];
+            for &key in &call.keys {
+                let held = &mut holders[key];
+                held.retain(|(_, kept)| kept.is_none_or(|until| until > event.at_us));
+                match &event.what {
+                    What::Entered { .. } => {
+                        let fits = held.iter().all(|(other, _)| {
+                            match (self.calls[*other].kind, call.kind) {
+                                (Kind::Read, Kind::Read) => true,
+                                (Kind::Permits(n), Kind::Permits(_)) => held.len() < n as usize,
+                                _ => false,
+                            }
+                        });
+                        if !fits {
+                            let others: Vec<String> = held
+                                .iter()
+                                .map(|(other, _)| self.describe(entered[other]))
+                                .collect();
+                            return Err(format!(
+                                "{} entered key k{key} held by {}",
+                                self.describe(event),
+                                others.join(", ")
+                            ));
+                        }
+                        held.push((event.call, None));
+                        entered.insert(event.call, event);
+                    }
+                    What::Left => {
+                        let kept = self.kept_until(event, true);
+                        match kept.filter(|until| *until > event.at_us) {
+                            Some(until) => {
+                                for (holder, kept) in held.iter_mut() {
+                                    if *holder == event.call {
+                                        *kept = Some(until);
+                                    }
+                                }
+                            }
+                            None => held.retain(|(holder, _)| *holder != event.call),
+                        }
+                    }
+                    _ => {}
                 }
-                (What::Acquired { .. }, None) => holder = Some(event),
-                (What::Released, Some(held)) if held.who == event.who => holder = None,
-                (What::Released, _) => {
-                    return Err(format!("`{event}` ended a body that did not hold the lock"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Until when (µs) the key of the body that left at `left` is kept by its `hold_at_least`:
+    /// the lease was taken at its local deadline less its validity (ttl less the drift margin,
+    /// ttl / 100 + 2 ms), less a millisecond for rounding.
+    /// For exclusion (`promised`), only a call that left once the faults healed and what they
+    /// left behind ran out counts (a request sent before, slow on the connection, delays the
+    /// release behind it past the lease), and only one that succeeded (one whose renewals ran
+    /// out is released at its lease's end, and that release may come after the lease lapsed).
+    /// Otherwise (for liveness, where a key counted as kept only excuses a waiter) any call
+    /// that succeeded or ran out of renewals counts.
+    fn kept_until(&self, left: &Event, promised: bool) -> Option<u64> {
+        let call = &self.calls[left.call];
+        let hold = call.hold_at_least?;
+        let released = match self.outcome(left.call) {
+            Some(Outcome::Ok) => true,
+            Some(Outcome::Error(error)) => !promised && error == "RenewalsExhausted",
+            _ => false,
+        };
+        if !released || (promised && left.at_us < self.live_from()) {
+            return None;
+        }
+        let (entered_at, time_left_us) = self.events.iter().find_map(|event| match event.what {
+            What::Entered { time_left_us, .. } if event.call == left.call => {
+                Some((event.at_us, time_left_us))
+            }
+            _ => None,
+        })?;
+        let validity = call.ttl - call.ttl / 100 - Duration::from_millis(2);
+        let taken_at = (entered_at + time_left_us).checked_sub(validity.as_micros() as u64)?;
+        Some(taken_at + hold.as_micros() as u64 - 1_000)
+    }
+
+    /// Fencing tokens grow per key: an exclusive holder's above every token given before it
+    /// entered, a shared holder's above every exclusive holder's before it.
+    fn fencing(&self) -> Result<(), String> {
+        let mut highest = [0u64; KEYS];
+        let mut highest_exclusive = [0u64; KEYS];
+        for event in &self.events {
+            let What::Entered {
+                fencing: Some(token),
+                ..
+            } = event.what
+            else {
+                continue;
+            };
+            let call = &self.calls[event.call];
+            let key = call.keys[0];
+            let floor = match call.kind {
+                Kind::Exclusive => highest[key],
+                _ => highest_exclusive[key],
+            };
+            if token <= floor {
+                return Err(format!(
+                    "{} entered with fencing token {token}, not above {floor} given before",
+                    self.describe(event)
+                ));
+            }
+            highest[key] = highest[key].max(token);
+            if call.kind == Kind::Exclusive {
+                highest_exclusive[key] = highest_exclusive[key].max(token);
+            }
+        }
+        Ok(())
+    }
+
+    /// Once the faults healed and the grace ran out: no caller waiting for a key with nothing
+    /// on it (no body, no `hold_at_least`) sleeps past a bound, nor a waiter that waited past
+    /// the starvation bound is passed over, nor a waiting call fails on the network.
+    /// When the liveness checks begin: the faults healed, and the grace ran out.
+    fn live_from(&self) -> u64 {
+        self.healed_at_us + GRACE.as_micros() as u64
+    }
+
+    fn liveness(&self) -> Result<(), String> {
+        let live_from = self.live_from();
+        self.free_sleeps(live_from)?;
+        self.starving_served(live_from)?;
+        for event in &self.events {
+            if let What::Ended(Outcome::Error(error)) = &event.what
+                && error != "RenewalsExhausted"
+                && self.started_at(event.call) >= live_from
+            {
+                return Err(format!(
+                    "{} ended {error} after the faults healed",
+                    self.describe(event)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn started_at(&self, call: usize) -> u64 {
+        self.events
+            .iter()
+            .find(|event| event.call == call && event.what == What::Started)
+            .map_or(u64::MAX, |event| event.at_us)
+    }
+
+    /// The longest a key had nothing on it while a caller with a wait waited for it alone (a
+    /// caller of a key list may be kept out by another of its keys). A release reaches the
+    /// waiter within a few round trips; a holder's lease or hold that ran out unannounced
+    /// within the waiter's fallback, the time it saw left jittered by 5 %; a fair waiter not
+    /// at the head of its queue looks again a third of its lease later.
+    fn free_sleeps(&self, live_from: u64) -> Result<(), String> {
+        let round_trips = 4 * Network::healed_round_trip();
+        let longest_lease = Duration::from_millis(TTLS_MS[TTLS_MS.len() - 1]);
+        let fallback_margin = longest_lease.max(Duration::from_millis(MAX_HOLD_AT_LEAST_MS)) / 20
+            + longest_lease / 100
+            + Duration::from_millis(3);
+        let plain = (round_trips + fallback_margin).as_micros() as u64;
+        let fair = plain + (longest_lease / 3).mul_f64(1.05).as_micros() as u64;
+        let mut holders: Vec<Vec<(usize, Option<u64>)>> = vec![Vec::new(); KEYS];
+        let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); KEYS];
+        let mut free_since: [Option<u64>; KEYS] = [None; KEYS];
+        for event in &self.events {
+            let call = &self.calls[event.call];
+            for &key in &call.keys {
+                let now = event.at_us;
+                let ran_out = holders[key]
+                    .iter()
+                    .filter_map(|(_, kept)| kept.filter(|until| *until <= now))
+                    .max();
+                holders[key].retain(|(_, kept)| kept.is_none_or(|until| until > now));
+                // A hold that ran out before this event freed the key then.
+                if holders[key].is_empty() && free_since[key].is_none() {
+                    free_since[key] = Some(ran_out.unwrap_or(now));
                 }
-                _ => {}
+                let asleep = |waiting: &[usize]| -> Result<(), String> {
+                    let (Some(since), Some((started, sleeper))) = (
+                        free_since[key],
+                        waiting
+                            .iter()
+                            .map(|waiter| (self.started_at(*waiter), *waiter))
+                            .min(),
+                    ) else {
+                        return Ok(());
+                    };
+                    let since = since.max(live_from).max(started);
+                    let all_fair = waiting.iter().all(|waiter| self.calls[*waiter].fair);
+                    let bound = if all_fair { fair } else { plain };
+                    if now <= since + bound {
+                        return Ok(());
+                    }
+                    Err(format!(
+                        "{} waited on key k{key} free for {} us (bound {bound} us) until {}",
+                        self.calls[sleeper].name,
+                        now - since,
+                        self.describe(event)
+                    ))
+                };
+                match &event.what {
+                    What::Started if call.wait.is_some() && call.keys.len() == 1 => {
+                        waiting[key].push(event.call);
+                    }
+                    What::Entered { .. } => {
+                        if holders[key].is_empty() {
+                            asleep(&waiting[key])?;
+                        }
+                        waiting[key].retain(|waiter| *waiter != event.call);
+                        holders[key].push((event.call, None));
+                        free_since[key] = None;
+                    }
+                    What::Left => {
+                        match self.kept_until(event, false).filter(|until| *until > now) {
+                            Some(until) => {
+                                for (holder, kept) in holders[key].iter_mut() {
+                                    if *holder == event.call {
+                                        *kept = Some(until);
+                                    }
+                                }
+                            }
+                            None => holders[key].retain(|(holder, _)| *holder != event.call),
+                        }
+                        if holders[key].is_empty() {
+                            free_since[key] = Some(now);
+                        }
+                    }
+                    What::Ended(outcome) => {
+                        if *outcome == Outcome::Busy
+                            && holders[key].is_empty()
+                            && waiting[key].contains(&event.call)
+                        {
+                            asleep(&[event.call])?;
+                        }
+                        waiting[key].retain(|waiter| *waiter != event.call);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An exclusive caller of one key that is not fair, once it has waited past the starvation
+    /// bound, reserves the key at its next look (made within a poll of its own client's queue
+    /// and a few round trips): from then on no exclusive caller that began after it (its clock's
+    /// skew aside) takes the key before it, beyond one grant already under way.
+    fn starving_served(&self, live_from: u64) -> Result<(), String> {
+        let reserved_within =
+            RESERVE_AFTER + 4 * Network::healed_round_trip() + Duration::from_millis(125);
+        let skews = 2 * MAX_SKEW_MS * 1_000;
+        for (index, call) in self.calls.iter().enumerate() {
+            if call.kind != Kind::Exclusive || call.fair || call.keys.len() != 1 {
+                continue;
+            }
+            let Some(_) = call.wait else { continue };
+            let started = self.started_at(index);
+            if started < live_from {
+                continue;
+            }
+            let reserved = started + reserved_within.as_micros() as u64;
+            let served = self
+                .events
+                .iter()
+                .find(|event| {
+                    event.call == index
+                        && matches!(event.what, What::Entered { .. } | What::Ended(_))
+                })
+                .map_or(u64::MAX, |event| event.at_us);
+            let key = call.keys[0];
+            let passed_over: Vec<&Event> = self
+                .events
+                .iter()
+                .filter(|event| {
+                    let other = &self.calls[event.call];
+                    matches!(event.what, What::Entered { .. })
+                        && event.at_us > reserved
+                        && event.at_us < served
+                        && other.kind == Kind::Exclusive
+                        && other.keys.contains(&key)
+                        && self.started_at(event.call) > started + skews
+                })
+                .collect();
+            if passed_over.len() > 1 {
+                let by: Vec<String> = passed_over.iter().map(|e| self.describe(e)).collect();
+                return Err(format!(
+                    "{} started at {started} us and waited past the starvation bound, then was passed over by {}",
+                    call.name,
+                    by.join(", ")
+                ));
             }
         }
         Ok(())
     }
 }
 
-/// One locked call of a task: drawn before the world runs, so the plan does not depend on the
-/// order in which tasks happen to draw.
-struct Call {
-    pause: Duration,
-    body: Duration,
-    wait: Duration,
-    fencing: bool,
+/// Records the events of one world.
+#[derive(Clone)]
+struct Recorder {
+    start: Instant,
+    events: Arc<Mutex<Vec<Event>>>,
 }
 
-/// How long a world may run, in simulated time.
-const SIMULATED_LIMIT: Duration = Duration::from_secs(60);
+impl Recorder {
+    fn record(&self, call: usize, what: What) {
+        let at_us = self.start.elapsed().as_micros() as u64;
+        let event = Event { at_us, call, what };
+        self.events.lock().expect("not poisoned").push(event);
+    }
+}
+
+/// Records a body's end however it ends: finished, or dropped when its lease ended.
+struct Body {
+    recorder: Recorder,
+    call: usize,
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        self.recorder.record(self.call, What::Left);
+    }
+}
+
+fn outcome(error: &LockError) -> Outcome {
+    match error {
+        LockError::Busy { .. } => Outcome::Busy,
+        other => {
+            let debug = format!("{other:?}");
+            let name = debug.split([' ', '(', '{']).next().unwrap_or_default();
+            Outcome::Error(name.to_owned())
+        }
+    }
+}
 
 /// Runs the world of `seed`: its trace, or why it did not end.
 fn world(seed: u64) -> Result<Trace, String> {
+    let scenario = Scenario::draw(seed);
+    let calls: Vec<Call> = scenario
+        .clients
+        .iter()
+        .flat_map(|(_, tasks)| tasks.iter().flatten().cloned())
+        .collect();
     __sim::run(seed, || async {
         let store = __sim::memory();
-        let start = Instant::now();
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let record = {
-            let events = events.clone();
-            move |who: &str, what: What| {
-                let event = Event {
-                    at_us: start.elapsed().as_micros(),
-                    who: who.to_owned(),
-                    what,
-                };
-                events.lock().expect("not poisoned").push(event);
-            }
+        let network = Network::new(&store, scenario.clients.len());
+        let recorder = Recorder {
+            start: Instant::now(),
+            events: Arc::default(),
         };
         let mut tasks = Vec::new();
-        for n in 0..2 + draw() % 3 {
-            let skew_ms = (draw() % 201) as i64 - 100;
-            let client = LockClient::simulated(&store, n as u32, skew_ms);
-            for t in 0..1 + draw() % 3 {
-                let plan: Vec<Call> = (0..3)
-                    .map(|_| Call {
-                        pause: Duration::from_millis(draw() % 50),
-                        body: Duration::from_millis(1 + draw() % 200),
-                        wait: Duration::from_millis(draw() % 1500),
-                        fencing: draw().is_multiple_of(2),
+        let mut index = 0;
+        for (client, (skew, plans)) in scenario.clients.iter().enumerate() {
+            let link = network.link(client);
+            let locks = LockClient::simulated(&link, client as u32, *skew);
+            for plan in plans {
+                let (locks, recorder) = (locks.clone(), recorder.clone());
+                let plan: Vec<(usize, Call)> = plan
+                    .iter()
+                    .map(|call| {
+                        index += 1;
+                        (index - 1, call.clone())
                     })
                     .collect();
-                let (client, record) = (client.clone(), record.clone());
-                let who = format!("p{n}.t{t}");
                 tasks.push(tokio::spawn(async move {
-                    for call in plan {
+                    for (index, call) in plan {
                         tokio::time::sleep(call.pause).await;
-                        let options = LockOptions::new()
-                            .ttl(Duration::from_secs(1))
-                            .wait(call.wait)
-                            .fencing(call.fencing);
-                        let body = async {
-                            let lock = LockContext::current().expect("inside the lock");
-                            let token = lock.token().to_owned();
-                            let fencing = lock.fencing_token();
-                            record(&who, What::Acquired { token, fencing });
-                            tokio::time::sleep(call.body).await;
-                            record(&who, What::Released);
-                        };
-                        match client.run_locked("k", options, body).await {
-                            Ok(()) => {}
-                            Err(LockError::Busy { retry_after, .. }) => {
-                                record(&who, What::Busy { retry_after });
+                        recorder.record(index, What::Started);
+                        let keys: Vec<String> = call.keys.iter().map(|k| format!("k{k}")).collect();
+                        let body = {
+                            let recorder = recorder.clone();
+                            async move {
+                                let lock = LockContext::current().expect("inside the lock");
+                                recorder.record(
+                                    index,
+                                    What::Entered {
+                                        token: lock.token().to_owned(),
+                                        fencing: lock.fencing_token(),
+                                        time_left_us: lock.time_left().as_micros() as u64,
+                                    },
+                                );
+                                let _body = Body {
+                                    recorder,
+                                    call: index,
+                                };
+                                tokio::time::sleep(call.body).await;
                             }
-                            Err(error) => record(&who, What::Failed(error.to_string())),
+                        };
+                        let ended = match keys.len() {
+                            1 => locks.run_locked(&keys[0], call.options(), body).await,
+                            _ => locks.run_locked_many(keys, call.options(), body).await,
+                        };
+                        let ended = match &ended {
+                            Ok(()) => Outcome::Ok,
+                            Err(error) => outcome(error),
+                        };
+                        if ended == Outcome::Busy && call.wait.is_some() {
+                            __sim::sometimes("a waiting call ended busy");
                         }
+                        recorder.record(index, What::Ended(ended));
                     }
                 }));
             }
         }
-        // Every call ends within seconds: a world still running after a simulated minute is stuck.
         let ended = tokio::time::timeout(SIMULATED_LIMIT, async {
             for task in tasks {
                 if let Err(error) = task.await {
@@ -178,18 +687,33 @@ fn world(seed: u64) -> Result<Trace, String> {
         })
         .await
         .unwrap_or_else(|_| Err(format!("still running after {SIMULATED_LIMIT:?}")));
-        let events = events.lock().expect("not poisoned").clone();
-        ended.map(|()| Trace { events })
+        let events = recorder.events.lock().expect("not poisoned").clone();
+        ended.map(|()| Trace {
+            calls: calls.clone(),
+            network: format!("{network:?}; keys shared as {:?}", scenario.shared),
+            healed_at_us: network.healed_after().as_micros() as u64,
+            events,
+        })
     })
     .unwrap_or_else(|error| Err(format!("no runtime: {error}")))
 }
 
-/// Runs `seed`'s world twice: its trace, or why the seed failed.
-fn replay(seed: u64) -> Result<Trace, String> {
-    let first = world(seed)?;
+/// Runs `seed`'s world twice and checks it: its trace, or why the seed failed. The rare states
+/// its first run reached are added to `coverage`.
+fn replay(seed: u64, coverage: &mut BTreeMap<&'static str, u64>) -> Result<Trace, String> {
+    __sim::take_coverage();
+    let first = world(seed);
+    for (name, count) in __sim::take_coverage() {
+        *coverage.entry(name).or_default() += count;
+    }
+    let first = first?;
+    if std::env::var_os("SIM_TRACE").is_some_and(|trace| !trace.is_empty()) {
+        print!("{first}");
+    }
     let again = world(seed)?;
+    __sim::take_coverage();
     if let Some((a, b)) = first.events.iter().zip(&again.events).find(|(a, b)| a != b) {
-        return Err(format!("its two runs parted: `{a}`, then `{b}`"));
+        return Err(format!("its two runs parted: `{a:?}`, then `{b:?}`"));
     }
     if first.events.len() != again.events.len() {
         return Err(format!(
@@ -198,14 +722,15 @@ fn replay(seed: u64) -> Result<Trace, String> {
             again.events.len()
         ));
     }
-    first.exclusion()?;
+    first.check()?;
     Ok(first)
 }
 
-/// The seeds to run: `SIM_SEEDS` (`S` or `FROM..TO`, `TO` excluded), else 1 to 20.
+/// The seeds to run: `SIM_SEEDS` (`S` or `FROM..TO`, `TO` excluded), else CI's fixed set, 1 to
+/// 400 (about 7 s in a debug build).
 fn seeds() -> std::ops::Range<u64> {
     let Ok(given) = std::env::var("SIM_SEEDS") else {
-        return 1..21;
+        return 1..401;
     };
     let parse = |number: &str| {
         number
@@ -224,15 +749,16 @@ fn a_seed_replays_its_trace_exactly_keeps_exclusion_and_another_seed_differs() {
     let mut failed = 0;
     let mut hashes = HashSet::new();
     let mut busy = 0;
+    let mut coverage = BTreeMap::new();
     for seed in seeds() {
-        match replay(seed) {
+        match replay(seed, &mut coverage) {
             Ok(trace) => {
                 println!("trace {seed} {:016x}", trace.hash());
                 assert!(
-                    trace.count(|what| matches!(what, What::Acquired { .. })) > 0,
+                    trace.count(|what| matches!(what, What::Entered { .. })) > 0,
                     "seed {seed}: nobody got the lock"
                 );
-                busy += trace.count(|what| matches!(what, What::Busy { .. }));
+                busy += trace.count(|what| matches!(what, What::Ended(Outcome::Busy)));
                 assert!(
                     hashes.insert(trace.hash()),
                     "seed {seed} gave an earlier seed's trace"
@@ -244,6 +770,9 @@ fn a_seed_replays_its_trace_exactly_keeps_exclusion_and_another_seed_differs() {
             }
         }
     }
+    for (name, count) in &coverage {
+        println!("sometimes {name} {count}");
+    }
     assert_eq!(failed, 0, "seeds failed (printed above)");
     // The worlds contend: some calls wait their whole `wait` out (one seed alone may not).
     assert!(
@@ -252,33 +781,124 @@ fn a_seed_replays_its_trace_exactly_keeps_exclusion_and_another_seed_differs() {
     );
 }
 
-#[test]
-fn the_checker_finds_two_holders_at_once() {
-    let event = |at_us, who: &str, what| Event {
-        at_us,
-        who: who.to_owned(),
-        what,
-    };
-    let acquired = || What::Acquired {
+/// A trace of `calls` (kind, keys) with `events` (call, at ms, what), healed from the start.
+fn made_up(calls: &[(Kind, Vec<usize>)], events: &[(usize, u64, What)]) -> Trace {
+    let calls = calls
+        .iter()
+        .enumerate()
+        .map(|(index, (kind, keys))| Call {
+            name: format!("c{index}"),
+            pause: Duration::ZERO,
+            keys: keys.clone(),
+            kind: *kind,
+            fencing: false,
+            fair: false,
+            wait: None,
+            ttl: Duration::from_secs(1),
+            body: Duration::from_millis(1),
+            hold_at_least: None,
+            max_renewals: None,
+        })
+        .collect();
+    let events = events
+        .iter()
+        .map(|(call, at_ms, what)| Event {
+            at_us: at_ms * 1_000,
+            call: *call,
+            what: what.clone(),
+        })
+        .collect();
+    Trace {
+        calls,
+        network: String::new(),
+        healed_at_us: 0,
+        events,
+    }
+}
+
+fn entered(fencing: Option<u64>) -> What {
+    What::Entered {
         token: "t".to_owned(),
-        fencing: None,
-    };
-    let overlapping = Trace {
-        events: vec![
-            event(1, "p0.t0", acquired()),
-            event(2, "p1.t0", acquired()),
-            event(3, "p0.t0", What::Released),
+        fencing,
+        time_left_us: 0,
+    }
+}
+
+#[test]
+fn the_checker_finds_holders_that_may_not_meet() {
+    let two_writers = made_up(
+        &[(Kind::Exclusive, vec![0]), (Kind::Exclusive, vec![1, 0])],
+        &[
+            (0, 1, entered(None)),
+            (1, 2, entered(None)),
+            (0, 3, What::Left),
         ],
-    };
-    let error = overlapping.exclusion().expect_err("two holders");
-    assert!(error.contains("two holders"), "{error}");
-    let in_turn = Trace {
-        events: vec![
-            event(1, "p0.t0", acquired()),
-            event(2, "p0.t0", What::Released),
-            event(2, "p1.t0", acquired()),
-            event(3, "p1.t0", What::Released),
+    );
+    let error = two_writers.exclusion().expect_err("two holders");
+    assert!(error.contains("entered key k0 held by c0"), "{error}");
+    let readers = made_up(
+        &[(Kind::Read, vec![0]), (Kind::Read, vec![0])],
+        &[(0, 1, entered(None)), (1, 2, entered(None))],
+    );
+    assert_eq!(readers.exclusion(), Ok(()));
+    let permits = vec![(Kind::Permits(2), vec![0]); 3];
+    let three_of_two = made_up(
+        &permits,
+        &[
+            (0, 1, entered(None)),
+            (1, 2, entered(None)),
+            (2, 3, entered(None)),
         ],
-    };
+    );
+    assert!(three_of_two.exclusion().is_err());
+    let in_turn = made_up(
+        &[(Kind::Exclusive, vec![0]), (Kind::Read, vec![0])],
+        &[
+            (0, 1, entered(None)),
+            (0, 2, What::Left),
+            (1, 2, entered(None)),
+        ],
+    );
     assert_eq!(in_turn.exclusion(), Ok(()));
+}
+
+#[test]
+fn the_checker_finds_a_fencing_token_that_did_not_grow() {
+    let calls = [(Kind::Exclusive, vec![0]), (Kind::Exclusive, vec![0])];
+    let stale = made_up(
+        &calls,
+        &[
+            (0, 1, entered(Some(7))),
+            (0, 2, What::Left),
+            (1, 3, entered(Some(7))),
+        ],
+    );
+    assert!(stale.fencing().is_err());
+    let grown = made_up(
+        &calls,
+        &[
+            (0, 1, entered(Some(7))),
+            (0, 2, What::Left),
+            (1, 3, entered(Some(9))),
+        ],
+    );
+    assert_eq!(grown.fencing(), Ok(()));
+}
+
+#[test]
+fn the_checker_finds_a_waiter_asleep_on_a_free_key() {
+    let mut asleep = made_up(
+        &[(Kind::Exclusive, vec![0]), (Kind::Exclusive, vec![0])],
+        &[
+            (0, 3_000, entered(None)),
+            (1, 3_001, What::Started),
+            (0, 3_010, What::Left),
+            (1, 4_000, entered(None)),
+        ],
+    );
+    asleep.calls[1].wait = Some(Duration::from_secs(2));
+    let error = asleep.liveness().expect_err("asleep");
+    assert!(error.contains("c1 waited on key k0 free"), "{error}");
+    asleep.events[3].at_us = 3_020_000;
+    assert_eq!(asleep.liveness(), Ok(()));
 }

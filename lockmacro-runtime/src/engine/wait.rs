@@ -437,6 +437,8 @@ impl<'e> Waiter<'e> {
             // busy client may hand the key around inside itself, announcing nothing, for as
             // long as the holder's lease).
             let until = self.since.until_reserving().unwrap_or_default();
+            #[cfg(feature = "sim")]
+            crate::sim::sometimes_if(until.is_zero(), "a look straddled the starvation bound");
             wakes_to_reserve = until <= fallback;
             fallback = fallback.min(until);
         }

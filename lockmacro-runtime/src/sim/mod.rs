@@ -9,23 +9,66 @@
 //!
 //! Not covered here: the branch `tokio::select!` polls first is drawn from tokio's own thread
 //! RNG, which only `--cfg tokio_unstable` (`Builder::rng_seed`) can seed.
+//!
+//! Beside the world's one generator, [`Stream`]s are derived from the seed and labels (a client,
+//! a call), so that a scenario's draws for one part do not move when another part is removed:
+//! a failing scenario can shrink. The simulated network is in [`net`]; [`sometimes`] counts the
+//! rare states a run reached.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::collections::hash_map::{DefaultHasher, RandomState};
 use std::future::Future;
 use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::store::Store;
+use crate::store::memory::{MemoryHooks, MemoryStore};
+
+pub(crate) mod net;
+
+/// What a simulated client runs over ([`LockClient::simulated`](crate::LockClient::simulated)):
+/// an in-memory store itself, or a [`net::Link`] of the simulated network to one.
+pub struct Backing {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) memory: MemoryStore,
+}
+
+impl From<&MemoryHooks> for Backing {
+    fn from(hooks: &MemoryHooks) -> Self {
+        Self {
+            store: Arc::new(hooks.store.clone()),
+            memory: hooks.store.clone(),
+        }
+    }
+}
+
+impl From<&net::Link> for Backing {
+    fn from(link: &net::Link) -> Self {
+        Self {
+            store: link.store(),
+            memory: link.memory(),
+        }
+    }
+}
 
 /// The wall clock of a simulation starts at 2026-01-01T00:00:00Z: any fixed instant would do.
 const WALL_START_MS: u64 = 1_767_225_600_000;
 
 thread_local! {
     static WORLD: RefCell<Option<World>> = const { RefCell::new(None) };
+    /// How often each rare state was reached ([`sometimes`]), over every world run on this
+    /// thread since [`take_coverage`].
+    static COVERAGE: RefCell<BTreeMap<&'static str, u64>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 /// What a simulated world draws from: one generator, and where its time began.
 struct World {
+    /// The seed it was made from: [`Stream`]s derive from it.
+    seed: u64,
     /// SplitMix64's state: small, and the same numbers on every platform and version.
     state: u64,
     /// Tokio's (paused) clock when the world began: lease times count from it.
@@ -34,11 +77,65 @@ struct World {
 
 impl World {
     fn next(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        splitmix(&mut self.state)
+    }
+}
+
+/// SplitMix64's step: the next number, advancing `state`.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A generator of its own for one part of a world (a client, a call, a link), derived from the
+/// seed and the part's labels: what one part draws does not depend on what the others drew.
+#[derive(Debug, Clone)]
+pub struct Stream {
+    state: u64,
+}
+
+impl Stream {
+    /// The stream of `labels` under `seed`.
+    pub fn of(seed: u64, labels: &[u64]) -> Self {
+        let mut state = seed;
+        for label in labels {
+            let mut mixed = state ^ label.wrapping_mul(0xd6e8_feb8_6659_fd93);
+            state = splitmix(&mut mixed);
+        }
+        Self { state }
+    }
+
+    /// A stream below this one: the same labels with `label` added.
+    pub fn child(&self, label: u64) -> Self {
+        Self::of(self.state, &[label])
+    }
+
+    /// The next number of the stream.
+    pub fn number(&mut self) -> u64 {
+        splitmix(&mut self.state)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.number() % n }
+    }
+
+    /// A number in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.below(high.saturating_sub(low) + 1)
+    }
+
+    /// `true` about `percent` times in a hundred.
+    pub fn percent(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    /// Whole milliseconds in `low..=high`.
+    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(self.between(low, high))
     }
 }
 
@@ -58,7 +155,11 @@ pub fn run<F: Future>(seed: u64, scenario: impl FnOnce() -> F) -> std::io::Resul
         .start_paused(true)
         .build()?;
     let epoch = runtime.block_on(async { Instant::now() });
-    let installed = Installed::new(World { state: seed, epoch });
+    let installed = Installed::new(World {
+        seed,
+        state: seed,
+        epoch,
+    });
     let output = runtime.block_on(scenario());
     drop(runtime);
     drop(installed);
@@ -85,6 +186,31 @@ impl Drop for Installed {
 /// random one.
 pub fn draw() -> u64 {
     with(World::next).unwrap_or_else(rand::random)
+}
+
+/// The stream of `labels` under the seed of this thread's world (seed 0 outside one).
+pub fn stream(labels: &[u64]) -> Stream {
+    Stream::of(with(|world| world.seed).unwrap_or_default(), labels)
+}
+
+/// Counts a rare state reached (`name` says which), while a world runs; nothing otherwise. A
+/// fixed set of seeds is meant to reach each one.
+pub fn sometimes(name: &'static str) {
+    if installed() {
+        COVERAGE.with(|counts| *counts.borrow_mut().entry(name).or_default() += 1);
+    }
+}
+
+/// [`sometimes`] when `reached`: one line at a call site in the engine.
+pub(crate) fn sometimes_if(reached: bool, name: &'static str) {
+    if reached {
+        sometimes(name);
+    }
+}
+
+/// How often each rare state was reached on this thread since the last call, by name.
+pub fn take_coverage() -> BTreeMap<&'static str, u64> {
+    COVERAGE.with(|counts| std::mem::take(&mut *counts.borrow_mut()))
 }
 
 /// Whether a simulated world is installed on this thread.
@@ -149,8 +275,6 @@ impl BuildHasher for Hashing {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
