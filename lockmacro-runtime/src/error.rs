@@ -242,6 +242,9 @@ pub(crate) enum Healing {
     Failover,
     /// A grant no replica acknowledged in time (it was undone).
     Unacknowledged,
+    /// A grant confirmed only after its lease's local deadline (its acknowledgement waited on a
+    /// slow replica, say): the lease may have lapsed already, so its work does not start.
+    Late,
     /// Fewer than a majority of Redlock's masters answered alike.
     NoQuorum,
 }
@@ -253,6 +256,7 @@ impl Healing {
             Self::Unreachable => "unreachable",
             Self::Failover => "failover",
             Self::Unacknowledged => "unacknowledged",
+            Self::Late => "late",
             Self::NoQuorum => "no_quorum",
         }
     }

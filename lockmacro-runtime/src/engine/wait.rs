@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::acquire::{Attempt, Busy, Looking};
 use super::{Engine, Waited, new_token};
 use crate::clock;
-use crate::error::LockError;
+use crate::error::{Healing, LockError, LostReason};
 use crate::metrics::Prefix;
 use crate::options::{LockOptions, WaitPolicy};
 use crate::state::LeaseState;
@@ -144,6 +144,19 @@ impl LooksAgain {
         let Some(healing) = error.healing() else {
             return Err(error);
         };
+        self.pause(healing, error, key, give_up, prefix)
+    }
+
+    /// As [`after`](Self::after), for a look that failed in a way that heals: `error` is what
+    /// ends the call when the wait has run out and the deployment never said the key was busy.
+    pub(super) fn pause(
+        &mut self,
+        healing: Healing,
+        error: LockError,
+        key: &str,
+        give_up: Instant,
+        prefix: &Prefix,
+    ) -> Result<Duration, LockError> {
         let left = give_up.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(match self.busy {
@@ -279,6 +292,10 @@ impl<'e> Waiter<'e> {
                 .engine
                 .try_acquire_keys(self.keys, &self.token, self.options, looking);
             let busy = match look.await {
+                Ok(Attempt::Taken(lease)) if lease.time_left().is_zero() => {
+                    self.late(lease, heard).await?;
+                    continue;
+                }
                 Ok(Attempt::Taken(lease)) => return Ok(self.took(lease)),
                 Ok(Attempt::Busy(busy)) => busy,
                 Err(error) if self.reserving_only => {
@@ -289,7 +306,7 @@ impl<'e> Waiter<'e> {
                 Err(error) => {
                     // The same token looks again: a key the failed look took, or handed to
                     // its reservation, is this caller's at its next look.
-                    self.pause_after(error).await?;
+                    self.pause_after(error, heard).await?;
                     continue;
                 }
             };
@@ -367,16 +384,47 @@ impl<'e> Waiter<'e> {
         (lease, self.waited)
     }
 
-    /// Pauses after a look the deployment failed, or ends the call (see [`LooksAgain`]).
-    async fn pause_after(&mut self, error: LockError) -> Result<(), LockError> {
+    /// Pauses after a look the deployment failed, or ends the call (see [`LooksAgain`]). A
+    /// release heard since `heard` (read before that look) ends the pause early: the deployment
+    /// answers again, and the key may be free.
+    async fn pause_after(&mut self, error: LockError, heard: u64) -> Result<(), LockError> {
         let key = &self.keys[0];
-        let pause = self
-            .looks_again
-            .after(error, key, self.give_up, &self.prefix)?;
+        let pause = (self.looks_again).after(error, key, self.give_up, &self.prefix)?;
+        self.pause(pause, heard).await
+    }
+
+    /// A grant confirmed only after its lease's local deadline: its work must not start, as the
+    /// lease may have lapsed. The key is left to the caller's next look, which takes it again
+    /// with a fresh lease if it is still this caller's (same token), or to its leave if the
+    /// wait runs out first.
+    async fn late(&mut self, lease: Arc<LeaseState>, heard: u64) -> Result<(), LockError> {
+        self.engine.renewals.deregister(lease.id);
+        self.stay.looks_as(&self.token);
+        let lost = LockError::Lost {
+            key: lease.key.clone(),
+            reason: LostReason::Unconfirmed,
+        };
+        let key = &self.keys[0];
+        let pause =
+            (self.looks_again).pause(Healing::Late, lost, key, self.give_up, &self.prefix)?;
+        self.pause(pause, heard).await
+    }
+
+    /// Sleeps `pause`, or less if a release of the key is heard since `heard`.
+    async fn pause(&mut self, pause: Duration, heard: u64) -> Result<(), LockError> {
         self.waited = Waited::Yes;
+        let until = clock::after(Instant::now(), pause);
+        let released = async {
+            match &self.ticket {
+                Some(ticket) => ticket.released_or(until, heard).await,
+                None => tokio::time::sleep_until(until).await,
+            }
+        };
         crate::sync::select! {
-            () = tokio::time::sleep(pause) => Ok(()),
-            () = self.engine.closing.cancelled() => Err(LockError::ShutDown { key: key.clone() }),
+            () = released => Ok(()),
+            () = self.engine.closing.cancelled() => {
+                Err(LockError::ShutDown { key: self.keys[0].clone() })
+            }
         }
     }
 
