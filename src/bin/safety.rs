@@ -5,6 +5,10 @@
 //! `safety [--quick] [--only single|sentinel|cluster|redlock3|redlock5] [--replica-acks N]
 //! [--out FILE]`
 //!
+//! Each key set (fenced, unfenced) has waiting workers (`wait = 10s`) and a fail-fast one (no
+//! `wait`), counted apart: a failover the deployment recovers from inside the wait must cost the
+//! waiting calls nothing, while fail-fast calls fail by design.
+//!
 //! `--replica-acks N` builds the workers' clients with `replica_acks(N)` instead of the default
 //! (1): `--replica-acks 0` is the baseline without replica acknowledgement, whose broken
 //! promises are reported but do not fail the run.
@@ -27,8 +31,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use testkit::safety::{
-    Broken, Call, Campaign, Deployment, Fault, Phase, Row, broken, monotonic_ns, table_header,
-    table_row,
+    Broken, Call, Caller, Campaign, Deployment, Fault, Phase, Row, broken, monotonic_ns,
+    table_header, table_row,
 };
 use testkit::{Fault as NetFault, FaultProxy, RedisCluster, RedisSentinel, RedisServer};
 
@@ -52,18 +56,54 @@ struct Plan {
     deployment: Deployment,
     faults: Vec<Fault>,
     rounds: usize,
-    /// Worker processes per key set (fenced and unfenced).
-    workers: usize,
+    /// Worker processes per key set (fenced and unfenced) that wait for the lock.
+    waiting: usize,
+    /// Worker processes per key set that fail fast.
+    fail_fast: usize,
+}
+
+impl Plan {
+    /// Every worker process of the plan.
+    fn roles(&self) -> Vec<Role> {
+        let fenced_sets: &[bool] = if self.deployment.offers_fencing() {
+            &[true, false]
+        } else {
+            // Redlock refuses fencing: as many workers, all unfenced.
+            &[false, false]
+        };
+        let callers = [
+            (Caller::Waiting, self.waiting),
+            (Caller::FailFast, self.fail_fast),
+        ];
+        let mut roles = Vec::new();
+        for fenced in fenced_sets {
+            for (caller, count) in callers {
+                roles.extend((0..count).map(|_| Role {
+                    fenced: *fenced,
+                    caller,
+                    keys: if *fenced {
+                        &FENCED_KEYS
+                    } else {
+                        &UNFENCED_KEYS
+                    },
+                }));
+            }
+        }
+        roles
+    }
 }
 
 fn plans(quick: bool) -> Vec<Plan> {
     use Fault::*;
-    let (rounds, workers) = if quick { (1, 2) } else { (3, 3) };
+    // The waiting workers keep keys contended (and measure the wake-up); one fail-fast worker
+    // per key set is enough to count what a caller without `wait` sees.
+    let (rounds, waiting) = if quick { (1, 1) } else { (3, 2) };
     let plan = |deployment, faults: &[Fault]| Plan {
         deployment,
         faults: faults.to_vec(),
         rounds,
-        workers,
+        waiting,
+        fail_fast: 1,
     };
     if quick {
         // The faults whose promises hold, and the paused holder that fencing answers.
@@ -72,8 +112,11 @@ fn plans(quick: bool) -> Vec<Plan> {
                 Deployment::Single,
                 &[None, KillRestart, StopServer, Blackhole, PausedHolder],
             ),
-            plan(Deployment::Sentinel, &[StopServer, Failover]),
-            plan(Deployment::Cluster, &[PlannedFailover, LaggingFailover]),
+            plan(Deployment::Sentinel, &[StopServer, Failover, ReplicaResync]),
+            plan(
+                Deployment::Cluster,
+                &[PlannedFailover, LaggingFailover, ReplicaResync],
+            ),
             plan(
                 Deployment::Redlock(3),
                 &[MinorityRestart, MajorityDown, PausedHolder],
@@ -103,7 +146,14 @@ fn plans(quick: bool) -> Vec<Plan> {
         ),
         plan(
             Deployment::Sentinel,
-            &[None, StopServer, Failover, LaggingFailover, PausedHolder],
+            &[
+                None,
+                StopServer,
+                Failover,
+                LaggingFailover,
+                ReplicaResync,
+                PausedHolder,
+            ],
         ),
         plan(
             Deployment::Cluster,
@@ -112,6 +162,7 @@ fn plans(quick: bool) -> Vec<Plan> {
                 PlannedFailover,
                 Failover,
                 LaggingFailover,
+                ReplicaResync,
                 StopServer,
                 PausedHolder,
             ],
@@ -137,7 +188,6 @@ async fn main() {
     let baseline = replica_acks.as_deref() == Some("0");
     let history_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/safety");
     std::fs::create_dir_all(&history_dir).expect("cannot create target/safety");
-
     let began = Instant::now();
     let mut table = table_header();
     let mut summary = String::new();
@@ -241,17 +291,22 @@ fn slug(deployment: Deployment) -> &'static str {
 }
 
 /// What one deployment's campaign came to.
-struct Outcome {
+struct Campaigned {
     rows: Vec<(Fault, Row)>,
     workers: usize,
     calls: usize,
     left_behind: usize,
 }
 
-async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Outcome {
+async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Campaigned {
     let resource = RedisServer::start();
     let mut lab = Lab::start(plan.deployment).await;
-    let mut workers = Workers::spawn(plan, &lab.url(), &resource.url(), replica_acks);
+    // The runner's `--replica-acks`, handed on to the workers' clients.
+    let env: Vec<(&str, &str)> = replica_acks
+        .map(|acks| ("SAFETY_REPLICA_ACKS", acks))
+        .into_iter()
+        .collect();
+    let mut workers = Workers::spawn(&plan.roles(), &lab.url(), &resource.url(), &env);
     workers.wait_until_working();
 
     let mut phases = Vec::new();
@@ -283,14 +338,20 @@ async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Out
             applied.insert(format!("safety:{key}"), writes);
         }
     }
-    save_history(history_dir, plan.deployment, &lines, &phases, &applied);
+    save_history(
+        history_dir,
+        slug(plan.deployment),
+        &lines,
+        &phases,
+        &applied,
+    );
     let campaign = Campaign {
         deployment: plan.deployment,
         calls: &calls,
         applied: &applied,
         phases: &phases,
     };
-    Outcome {
+    Campaigned {
         rows: campaign.rows(),
         workers: workers.count(),
         calls: calls.len(),
@@ -300,7 +361,7 @@ async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Out
 
 fn save_history(
     dir: &Path,
-    deployment: Deployment,
+    name: &str,
     lines: &[String],
     phases: &[Phase],
     applied: &BTreeMap<String, Vec<(u64, String)>>,
@@ -319,7 +380,7 @@ fn save_history(
         }
     }
     text.push('\n');
-    let path = dir.join(format!("{}.history", slug(deployment)));
+    let path = dir.join(format!("{name}.history"));
     std::fs::write(&path, text)
         .unwrap_or_else(|err| panic!("cannot write {}: {err}", path.display()));
 }
@@ -395,6 +456,16 @@ impl Lab {
                 healed = Some(monotonic_ns());
                 sentinel.restart_as_replica(killed);
             }
+            (Lab::Sentinel(sentinel), Fault::ReplicaResync) => {
+                let syncs = full_syncs(sentinel.master());
+                let lost = sentinel.kill_replica_now();
+                tokio::time::sleep(HOLD).await;
+                sentinel.restart_as_replica(lost);
+                assert!(
+                    full_syncs(sentinel.master()) > syncs,
+                    "the replica synced in full"
+                );
+            }
             (Lab::Sentinel(sentinel), Fault::LaggingFailover) => {
                 let cut = sentinel.replica().cut_off_from(sentinel.master());
                 tokio::time::sleep(HOLD).await;
@@ -409,6 +480,17 @@ impl Lab {
                 tokio::time::sleep(HOLD).await;
                 cluster.take_over(&key);
                 drop(cut);
+            }
+            (Lab::Cluster(cluster), Fault::ReplicaResync) => {
+                let key = cluster_key(round);
+                let syncs = full_syncs(cluster.master_of(&key));
+                let lost = cluster.kill_replica_now(&key);
+                tokio::time::sleep(HOLD).await;
+                cluster.restart_node(lost);
+                assert!(
+                    full_syncs(cluster.master_of(&key)) > syncs,
+                    "the replica synced in full"
+                );
             }
             (Lab::Cluster(cluster), Fault::PlannedFailover) => {
                 cluster.fail_over(&cluster_key(round));
@@ -502,6 +584,15 @@ fn majority(n: usize, round: usize) -> Vec<usize> {
     (0..n / 2 + 1).map(|i| (round + i) % n).collect()
 }
 
+/// How many full syncs `server` has served as a master (`sync_full` in `INFO stats`).
+fn full_syncs(server: &RedisServer) -> u64 {
+    let info: String = redis::from_redis_value(server.command(&["INFO", "stats"])).expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("sync_full:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("INFO stats has sync_full")
+}
+
 /// Freezes `server` for `how_long`.
 async fn stopped(server: &RedisServer, how_long: Duration) {
     server.pause();
@@ -518,6 +609,14 @@ async fn down(servers: &mut [RedisServer], which: &[usize]) {
     for index in which {
         servers[*index].restart();
     }
+}
+
+/// One worker process to start.
+struct Role {
+    fenced: bool,
+    caller: Caller,
+    /// The lock keys it loops over (after the `safety:` prefix).
+    keys: &'static [&'static str],
 }
 
 /// The worker processes of one deployment, and what they printed.
@@ -537,69 +636,58 @@ struct Worker {
 }
 
 impl Workers {
-    /// `replica_acks`: the runner's `--replica-acks`, handed on as `SAFETY_REPLICA_ACKS`.
+    /// Starts one `safety_worker` per role, with `env` in their environment.
     fn spawn(
-        plan: &Plan,
+        roles: &[Role],
         deployment_url: &str,
         resource_url: &str,
-        replica_acks: Option<&str>,
+        env: &[(&str, &str)],
     ) -> Self {
         let binary = std::env::current_exe()
             .expect("the runner's path")
             .with_file_name("safety_worker");
-        let fenced_sets: &[bool] = if plan.deployment.offers_fencing() {
-            &[true, false]
-        } else {
-            // Redlock refuses fencing: as many workers, all unfenced.
-            &[false, false]
-        };
         let mut procs = Vec::new();
-        for fenced in fenced_sets {
-            for _ in 0..plan.workers {
-                let id = procs.len().to_string();
-                let keys = if *fenced { FENCED_KEYS } else { UNFENCED_KEYS };
-                let mut command = Command::new(&binary);
-                if let Some(acks) = replica_acks {
-                    command.env("SAFETY_REPLICA_ACKS", acks);
-                }
-                let mut child = command
-                    .args([
-                        id.as_str(),
-                        deployment_url,
-                        resource_url,
-                        if *fenced { "fenced" } else { "unfenced" },
-                    ])
-                    .args(keys)
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .unwrap_or_else(|err| panic!("cannot start {}: {err}", binary.display()));
-                let stdout = child.stdout.take().expect("piped");
-                let (begun_at, lines) = (Arc::new(AtomicU64::new(0)), Arc::default());
-                let reader = std::thread::spawn({
-                    let (begun_at, lines): (_, Arc<Mutex<Vec<String>>>) =
-                        (begun_at.clone(), Arc::clone(&lines));
-                    move || {
-                        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                            let begun = if line.starts_with("begin ") {
-                                monotonic_ns()
-                            } else {
-                                0
-                            };
-                            begun_at.store(begun, Ordering::SeqCst);
-                            lines.lock().expect("lines").push(line);
-                        }
+        for role in roles {
+            let id = procs.len().to_string();
+            let mut child = Command::new(&binary)
+                .envs(env.iter().copied())
+                .args([
+                    id.as_str(),
+                    deployment_url,
+                    resource_url,
+                    if role.fenced { "fenced" } else { "unfenced" },
+                    role.caller.name(),
+                ])
+                .args(role.keys)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|err| panic!("cannot start {}: {err}", binary.display()));
+            let stdout = child.stdout.take().expect("piped");
+            let (begun_at, lines) = (Arc::new(AtomicU64::new(0)), Arc::default());
+            let reader = std::thread::spawn({
+                let (begun_at, lines): (_, Arc<Mutex<Vec<String>>>) =
+                    (begun_at.clone(), Arc::clone(&lines));
+                move || {
+                    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                        let begun = if line.starts_with("begin ") {
+                            monotonic_ns()
+                        } else {
+                            0
+                        };
+                        begun_at.store(begun, Ordering::SeqCst);
+                        lines.lock().expect("lines").push(line);
                     }
-                });
-                procs.push(Worker {
-                    stdin: child.stdin.take(),
-                    child,
-                    fenced: *fenced,
-                    begun_at,
-                    lines,
-                    reader: Some(reader),
-                });
-            }
+                }
+            });
+            procs.push(Worker {
+                stdin: child.stdin.take(),
+                child,
+                fenced: role.fenced,
+                begun_at,
+                lines,
+                reader: Some(reader),
+            });
         }
         Workers { procs }
     }
