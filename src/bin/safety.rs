@@ -3,7 +3,7 @@
 //! promises of `testkit::safety::promises`.
 //!
 //! `safety [--quick] [--only single|sentinel|cluster|redlock3|redlock5] [--replica-acks N]
-//! [--out FILE]`
+//! [--out FILE]`, or `safety --failover-figure [--out FILE]`
 //!
 //! Each key set (fenced, unfenced) has waiting workers (`wait = 10s`) and a fail-fast one (no
 //! `wait`), counted apart: a failover the deployment recovers from inside the wait must cost the
@@ -18,6 +18,12 @@
 //! history (every worker's lines, then the nemesis's phases) is kept under
 //! `target/safety/<deployment>.history` for reading a finding back.
 //!
+//! `--failover-figure` runs no campaign but the figure of the design's "Failovers are waits": a
+//! Sentinel of one master, one replica and one sentinel (down-after 1 s), two worker processes
+//! of 4 tasks each on one key with `wait = 10s` and 5 ms bodies for 10 s, the master killed
+//! with `SIGKILL` 1 s in; it prints the calls that got the lock, the errors and the longest
+//! call.
+//!
 //! Run it through `scripts/safety.sh`, which builds it and its worker first.
 
 use std::collections::BTreeMap;
@@ -31,8 +37,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use testkit::safety::{
-    Broken, Call, Caller, Campaign, Deployment, Fault, Phase, Row, broken, monotonic_ns,
-    table_header, table_row,
+    Broken, Call, Caller, Campaign, Deployment, Fault, Outcome, Phase, Row, WAITING_WAIT, broken,
+    monotonic_ns, table_header, table_row,
 };
 use testkit::{Fault as NetFault, FaultProxy, RedisCluster, RedisSentinel, RedisServer};
 
@@ -188,6 +194,20 @@ async fn main() {
     let baseline = replica_acks.as_deref() == Some("0");
     let history_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/safety");
     std::fs::create_dir_all(&history_dir).expect("cannot create target/safety");
+    if args.iter().any(|arg| arg == "--failover-figure") {
+        let (report, held) = failover_figure(&history_dir).await;
+        println!("{report}");
+        if let Some(out) = out {
+            std::fs::write(&out, &report)
+                .unwrap_or_else(|err| panic!("cannot write {}: {err}", out.display()));
+        }
+        if !held {
+            println!("BROKEN PROMISES: see the figure");
+            std::process::exit(1);
+        }
+        return;
+    }
+
     let began = Instant::now();
     let mut table = table_header();
     let mut summary = String::new();
@@ -357,6 +377,126 @@ async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Cam
         calls: calls.len(),
         left_behind,
     }
+}
+
+/// The lock key of [`failover_figure`]'s callers (after the `safety:` prefix).
+const FIGURE_KEY: [&str; 1] = ["one"];
+/// How long [`failover_figure`]'s callers run before the master is killed, and in all (as the
+/// tests of `tests/failover.rs` that ride out the same fault in one process).
+const FIGURE_BEFORE: Duration = Duration::from_secs(1);
+const FIGURE_RUN: Duration = Duration::from_secs(10);
+
+/// The design's two-process figure of "Failovers are waits", as the issue that asked for it
+/// measured it before: a Sentinel of one master, one replica and one sentinel (down-after 1 s),
+/// two worker processes of 4 tasks each on one key, `wait = 10s`, 5 ms bodies, the master
+/// killed with `SIGKILL`. Returns the report, and whether no call failed and no holders
+/// overlapped.
+async fn failover_figure(history_dir: &Path) -> (String, bool) {
+    let resource = RedisServer::start();
+    let mut sentinel = RedisSentinel::start_with(1, Duration::from_secs(1));
+    let caller = || Role {
+        fenced: false,
+        caller: Caller::Waiting,
+        keys: &FIGURE_KEY,
+    };
+    let env = [("SAFETY_TASKS", "4"), ("SAFETY_WORK_MS", "5")];
+    let mut workers = Workers::spawn(
+        &[caller(), caller()],
+        &sentinel.url(),
+        &resource.url(),
+        &env,
+    );
+    workers.wait_until_working();
+    let began = Instant::now();
+    tokio::time::sleep(FIGURE_BEFORE).await;
+    let killed_at = monotonic_ns();
+    let killed = sentinel.kill_master_now();
+    sentinel.wait_for_failover(killed);
+    let healed = monotonic_ns();
+    sentinel.restart_as_replica(killed);
+    tokio::time::sleep(FIGURE_RUN.saturating_sub(began.elapsed())).await;
+    let lines = workers.stop();
+    let calls: Vec<Call> = lines.iter().filter_map(|line| Call::parse(line)).collect();
+    let phases = [
+        Phase {
+            fault: Fault::None,
+            start: 0,
+            healed: 0,
+            end: killed_at,
+        },
+        Phase {
+            fault: Fault::Failover,
+            start: killed_at,
+            healed,
+            end: u64::MAX,
+        },
+    ];
+    let applied = BTreeMap::new();
+    save_history(history_dir, "failover-figure", &lines, &phases, &applied);
+    let rows = Campaign {
+        deployment: Deployment::Sentinel,
+        calls: &calls,
+        applied: &applied,
+        phases: &phases,
+    }
+    .rows();
+    let overlaps: usize = rows.iter().map(|(_, row)| row.overlaps_unfenced).sum();
+    let lost_updates: usize = rows.iter().map(|(_, row)| row.lost_unfenced).sum();
+
+    let held = calls.iter().filter(|call| call.held()).count();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for call in calls.iter().filter(|call| call.outcome != Outcome::Applied) {
+        *errors.entry(format!("{:?}", call.outcome)).or_default() += 1;
+    }
+    let error_count: usize = errors.values().sum();
+    let errors_text = if errors.is_empty() {
+        "0".to_owned()
+    } else {
+        let kinds: Vec<String> = errors
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        format!("{error_count} ({})", kinds.join(", "))
+    };
+    let longest_call = calls
+        .iter()
+        .map(|call| call.returned.saturating_sub(call.called))
+        .max()
+        .unwrap_or(0);
+    let first = calls
+        .iter()
+        .map(|call| call.called)
+        .min()
+        .unwrap_or(killed_at);
+    let last = calls
+        .iter()
+        .map(|call| call.returned)
+        .max()
+        .unwrap_or(killed_at);
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "| fault (2 processes x 4 tasks, one key, `wait = {}s`, 5 ms bodies) | calls with the lock \
+         | errors | longest call | overlaps / lost updates |\n|---|---|---|---|---|",
+        WAITING_WAIT.as_secs()
+    );
+    let _ = writeln!(
+        report,
+        "| Sentinel (1 master, 1 replica, 1 sentinel, down-after 1 s), master killed | {held} \
+         | {errors_text} | {:.2} s | {overlaps} / {lost_updates} |",
+        seconds(longest_call)
+    );
+    let _ = writeln!(
+        report,
+        "\n{} calls over {:.1} s; the master killed {:.1} s in, the new master serving {:.1} s \
+         after the kill.",
+        calls.len(),
+        seconds(last.saturating_sub(first)),
+        seconds(killed_at.saturating_sub(first)),
+        seconds(healed - killed_at),
+    );
+    (report, error_count == 0 && overlaps + lost_updates == 0)
 }
 
 fn save_history(
