@@ -338,6 +338,9 @@ async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Cam
             // after every fault.
             let grace = testkit::safety::promises::recovery_grace(plan.deployment, *fault);
             tokio::time::sleep(SETTLE.max(grace + Duration::from_secs(1))).await;
+            // A waiting call that began in this fault ends in this phase, not in the next
+            // fault: its wait is longer than the settling time.
+            workers.returned_since(healed).await;
             phases.push(Phase {
                 fault: *fault,
                 start,
@@ -849,6 +852,28 @@ impl Workers {
                 "the workers did not complete a call within 30 s"
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Returns once every worker has returned from a call it began at or after `since`: no call
+    /// begun before is still in flight. Gives up (saying so) after a waiting call's wait and
+    /// more: a worker stuck longer is for the checker to find.
+    async fn returned_since(&self, since: u64) {
+        let deadline = Instant::now() + WAITING_WAIT + Duration::from_secs(5);
+        let returned = |worker: &Worker| {
+            let lines = worker.lines.lock().expect("lines");
+            lines
+                .iter()
+                .rev()
+                .find_map(|line| Call::parse(line))
+                .is_some_and(|call| call.called >= since)
+        };
+        while !self.procs.iter().all(returned) {
+            if Instant::now() >= deadline {
+                eprintln!("a worker's call begun before the heal is still running; going on");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
