@@ -217,18 +217,29 @@ pub fn known_defect(deployment: Deployment, fault: Fault, promise: &str) -> Opti
     // Redlock's missed wake-ups after a master restart were fixed (a lost master's
     // subscription is reopened, and echoes are told from new releases per master).
     match (deployment, fault, promise) {
-        // `scripts/safety.sh --quick --only sentinel`: 430 ms in each of 2 runs, 406 ms in a full
-        // run; `RUST_LOG=lockmacro_runtime=info` shows the waiter's last failed look.
-        (Deployment::Sentinel, Fault::Failover, WAKE_UP) => Some(
-            "a waiting call whose look failed sleeps its look-again pause (backoff to about \
-             1.1 s, engine/wait.rs LooksAgain) hearing no release: its first look failed, so it \
-             never subscribed. The client can grant again about 1 s after the sentinels switch, \
-             so a last failed look then sleeps past the 1 s recovery grace while others take and \
-             release the key",
-        ),
+        (Deployment::Sentinel, Fault::Failover, WAKE_UP)
+        | (Deployment::Single, Fault::Blackhole, WAKE_UP) => Some(DEAF_PAUSE),
+        (Deployment::Sentinel, Fault::LaggingFailover, RIDES_OUT) => Some(LATE_GRANT),
         _ => None,
     }
 }
+
+/// Seen on Sentinel's *kill master* (356–431 ms in 7 of 8 runs) and one Redis's *blackhole*
+/// (395 ms in 1 of 2 full runs); `RUST_LOG=lockmacro_runtime=info` on the runner shows the
+/// waiter's last failed look and its `retry_in_ms`.
+const DEAF_PAUSE: &str = "a waiting call whose look failed sleeps its look-again pause \
+    (backoff to about 1.1 s, engine/wait.rs LooksAgain) hearing no release: its first look \
+    failed, so it never subscribed. A look that fails just before the deployment can grant \
+    again (about 1 s after the sentinels switch) sleeps past the 1 s recovery grace while \
+    others take and release the key";
+
+/// Seen on Sentinel's *failover to a lagging replica* (1–2 calls in 2 of 5 runs), and on the
+/// unpromised *server SIGSTOP* rows: with `RUST_LOG=lockmacro_runtime=debug` the call's `lock
+/// acquired` and `lock work cancelled` come within microseconds.
+const LATE_GRANT: &str = "a waiting call whose grant is confirmed after the lease's local \
+    deadline ends Lost before its body runs, instead of looking again within its wait (on the \
+    master just promoted, a look's grant took about 1 s to confirm: the 1 s ttl, less drift, \
+    had passed)";
 
 /// The name of the wake-up promise in [`known_defect`] and the checker's findings.
 pub const WAKE_UP: &str = "longest free while waited";
