@@ -409,7 +409,7 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
             deployment,
             fault,
             what: format!(
-                "{RIDES_OUT}: {} (the longest outage, from the fault to the next lock, {:.0} ms; \
+                "{RIDES_OUT}: {} (the longest a key went without a lock in the fault, {:.0} ms; \
                  the wait {} s)",
                 row.failed_waiting,
                 row.outage_ms,

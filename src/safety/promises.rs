@@ -224,8 +224,8 @@ pub fn known_defect(deployment: Deployment, fault: Fault, promise: &str) -> Opti
     }
 }
 
-/// Seen on Sentinel's *kill master* (356–431 ms in 7 of 8 runs) and one Redis's *blackhole*
-/// (395 ms in 1 of 2 full runs); `RUST_LOG=lockmacro_runtime=info` on the runner shows the
+/// Seen on Sentinel's *kill master* (356–431 ms in 8 of 9 runs) and one Redis's *blackhole*
+/// (395 and 400 ms in 2 of 3 full runs); `RUST_LOG=lockmacro_runtime=info` on the runner shows the
 /// waiter's last failed look and its `retry_in_ms`.
 const DEAF_PAUSE: &str = "a waiting call whose look failed sleeps its look-again pause \
     (backoff to about 1.1 s, engine/wait.rs LooksAgain) hearing no release: its first look \
@@ -233,7 +233,7 @@ const DEAF_PAUSE: &str = "a waiting call whose look failed sleeps its look-again
     again (about 1 s after the sentinels switch) sleeps past the 1 s recovery grace while \
     others take and release the key";
 
-/// Seen on Sentinel's *failover to a lagging replica* (1–2 calls in 2 of 5 runs), and on the
+/// Seen on Sentinel's *failover to a lagging replica* (1–2 calls in 3 of 6 runs), and on the
 /// unpromised *server SIGSTOP* rows: with `RUST_LOG=lockmacro_runtime=debug` the call's `lock
 /// acquired` and `lock work cancelled` come within microseconds.
 const LATE_GRANT: &str = "a waiting call whose grant is confirmed after the lease's local \
