@@ -416,8 +416,12 @@ async fn failover_figure(history_dir: &Path) -> (String, bool) {
     let killed = sentinel.kill_master_now();
     sentinel.wait_for_failover(killed);
     let healed = monotonic_ns();
+    let promoted = sentinel.master().port();
     sentinel.restart_as_replica(killed);
     tokio::time::sleep(FIGURE_RUN.saturating_sub(began.elapsed())).await;
+    // One sentinel that pings as often as its down-after may call the promoted master down
+    // too, and fail back: a second outage the callers rode out, which the figure must name.
+    let failed_back = sentinel.master().port() != promoted;
     let lines = workers.stop();
     let calls: Vec<Call> = lines.iter().filter_map(|line| Call::parse(line)).collect();
     let phases = [
@@ -493,11 +497,17 @@ async fn failover_figure(history_dir: &Path) -> (String, bool) {
     let _ = writeln!(
         report,
         "\n{} calls over {:.1} s; the master killed {:.1} s in, the new master serving {:.1} s \
-         after the kill.",
+         after the kill{}.",
         calls.len(),
         seconds(last.saturating_sub(first)),
         seconds(killed_at.saturating_sub(first)),
         seconds(healed - killed_at),
+        if failed_back {
+            "; the sentinel then called the new master down too and failed back to the \
+             restarted one"
+        } else {
+            ""
+        },
     );
     (report, error_count == 0 && overlaps + lost_updates == 0)
 }
