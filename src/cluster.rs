@@ -201,6 +201,19 @@ impl RedisCluster {
         self.wait_until_ready();
     }
 
+    /// Kills a replica of the master serving `key` (as a crash would) and returns at once with
+    /// its port; [`restart_node`](Self::restart_node) brings it back empty, to a full resync.
+    ///
+    /// # Panics
+    ///
+    /// If that master has no live replica.
+    pub fn kill_replica_now(&mut self, key: &str) -> u16 {
+        let port = self.replica_of(key).port();
+        let index = self.index_of(port);
+        self.nodes[index].kill();
+        port
+    }
+
     /// A live replica of the master serving `key`.
     ///
     /// # Panics

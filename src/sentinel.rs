@@ -1,5 +1,5 @@
-//! A real Sentinel deployment on loopback: a master, its replica, and three sentinels watching
-//! them under one service name.
+//! A real Sentinel deployment on loopback: a master, its replica, and three sentinels (or as
+//! many as asked) watching them under one service name.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ const SETTLE_BUDGET: Duration = Duration::from_secs(30);
 /// The service name the sentinels monitor.
 pub const SERVICE: &str = "locks";
 
-/// A master, a replica and three sentinels. Everything is killed on drop.
+/// A master, a replica and their sentinels. Everything is killed on drop.
 #[derive(Debug)]
 pub struct RedisSentinel {
     /// The data nodes: the master and its replica (which is which changes with failovers).
@@ -29,6 +29,18 @@ impl RedisSentinel {
     ///
     /// If a process does not start, or the sentinels do not settle within 30 s.
     pub fn start() -> Self {
+        Self::start_with(3, Duration::from_secs(2))
+    }
+
+    /// As [`start`](Self::start), with `sentinels` sentinels (a majority of them the quorum)
+    /// that call the master down after `down_after` without an answer: one sentinel and 1 s is
+    /// the smallest deployment users run, and the quickest to fail over.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start), and if `sentinels` is 0.
+    pub fn start_with(sentinels: usize, down_after: Duration) -> Self {
+        assert!(sentinels > 0, "a Sentinel deployment needs a sentinel");
         // Replicas sync at once, and a restarted one takes the master's data rather than its own
         // stale dump.
         let fast_sync = [
@@ -44,13 +56,15 @@ impl RedisSentinel {
         let replica = RedisServer::start_with(&replica_args);
         let config = format!(
             "sentinel resolve-hostnames no\n\
-             sentinel monitor {SERVICE} 127.0.0.1 {} 2\n\
-             sentinel down-after-milliseconds {SERVICE} 2000\n\
+             sentinel monitor {SERVICE} 127.0.0.1 {} {}\n\
+             sentinel down-after-milliseconds {SERVICE} {}\n\
              sentinel failover-timeout {SERVICE} 3000\n\
              sentinel parallel-syncs {SERVICE} 1\n",
-            master.port()
+            master.port(),
+            sentinels / 2 + 1,
+            down_after.as_millis()
         );
-        let sentinels = (0..3)
+        let sentinels_started = (0..sentinels)
             .map(|_| {
                 let config = config.clone();
                 thread::spawn(move || RedisServer::start_sentinel(&config))
@@ -61,7 +75,7 @@ impl RedisSentinel {
             .collect();
         let deployment = Self {
             data: vec![master, replica],
-            sentinels,
+            sentinels: sentinels_started,
         };
         deployment.wait_until(
             "the sentinels know the master, the replica and each other",
@@ -69,7 +83,7 @@ impl RedisSentinel {
                 d.sentinels.iter().all(|sentinel| {
                     d.master_named_by(sentinel) == Some(d.data[0].port())
                         && count(sentinel, "replicas") == 1
-                        && count(sentinel, "sentinels") == 2
+                        && count(sentinel, "sentinels") == sentinels - 1
                 })
             },
         );
@@ -150,6 +164,15 @@ impl RedisSentinel {
                 .try_command(&["SET", "lockmacro-testkit:probe", "1"])
                 .is_ok_and(|reply| reply == redis::Value::Okay)
         });
+    }
+
+    /// Kills the replica (as a crash would) and returns at once with its index in
+    /// [`data`](Self::data); [`restart_as_replica`](Self::restart_as_replica) brings it back
+    /// empty, to a full resync.
+    pub fn kill_replica_now(&mut self) -> usize {
+        let index = 1 - self.master_index();
+        self.data[index].kill();
+        index
     }
 
     /// A failover asked of the sentinels (`SENTINEL FAILOVER`) while the master runs: the replica

@@ -156,6 +156,9 @@ impl RedisServer {
     /// If the server is not back within 10 s.
     pub fn restart(&mut self) {
         self.kill();
+        // A replica that loads its sync from disk keeps it as `dump.rdb` and would come back
+        // with it, to a partial resync: the data would not be gone.
+        let _ = fs::remove_file(self.dir.join("dump.rdb"));
         let deadline = Instant::now() + READY_BUDGET;
         loop {
             match self.spawn_and_wait(deadline) {

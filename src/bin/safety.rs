@@ -3,7 +3,11 @@
 //! promises of `testkit::safety::promises`.
 //!
 //! `safety [--quick] [--only single|sentinel|cluster|redlock3|redlock5] [--replica-acks N]
-//! [--out FILE]`
+//! [--out FILE]`, or `safety --failover-figure [--out FILE]`
+//!
+//! Each key set (fenced, unfenced) has waiting workers (`wait = 10s`) and a fail-fast one (no
+//! `wait`), counted apart: a failover the deployment recovers from inside the wait must cost the
+//! waiting calls nothing, while fail-fast calls fail by design.
 //!
 //! `--replica-acks N` builds the workers' clients with `replica_acks(N)` instead of the default
 //! (1): `--replica-acks 0` is the baseline without replica acknowledgement, whose broken
@@ -13,6 +17,12 @@
 //! promise broke, a lock was left behind, or a deployment did no work at all. Each deployment's
 //! history (every worker's lines, then the nemesis's phases) is kept under
 //! `target/safety/<deployment>.history` for reading a finding back.
+//!
+//! `--failover-figure` runs no campaign but the figure of the design's "Failovers are waits": a
+//! Sentinel of one master, one replica and one sentinel (down-after 1 s), two worker processes
+//! of 4 tasks each on one key with `wait = 10s` and 5 ms bodies for 10 s, the master killed
+//! with `SIGKILL` 1 s in; it prints the calls that got the lock, the errors and the longest
+//! call.
 //!
 //! Run it through `scripts/safety.sh`, which builds it and its worker first.
 
@@ -27,8 +37,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use testkit::safety::{
-    Broken, Call, Campaign, Deployment, Fault, Phase, Row, broken, monotonic_ns, table_header,
-    table_row,
+    Broken, Call, Caller, Campaign, Deployment, Fault, Outcome, Phase, Row, WAITING_WAIT, broken,
+    monotonic_ns, table_header, table_row,
 };
 use testkit::{Fault as NetFault, FaultProxy, RedisCluster, RedisSentinel, RedisServer};
 
@@ -52,18 +62,54 @@ struct Plan {
     deployment: Deployment,
     faults: Vec<Fault>,
     rounds: usize,
-    /// Worker processes per key set (fenced and unfenced).
-    workers: usize,
+    /// Worker processes per key set (fenced and unfenced) that wait for the lock.
+    waiting: usize,
+    /// Worker processes per key set that fail fast.
+    fail_fast: usize,
+}
+
+impl Plan {
+    /// Every worker process of the plan.
+    fn roles(&self) -> Vec<Role> {
+        let fenced_sets: &[bool] = if self.deployment.offers_fencing() {
+            &[true, false]
+        } else {
+            // Redlock refuses fencing: as many workers, all unfenced.
+            &[false, false]
+        };
+        let callers = [
+            (Caller::Waiting, self.waiting),
+            (Caller::FailFast, self.fail_fast),
+        ];
+        let mut roles = Vec::new();
+        for fenced in fenced_sets {
+            for (caller, count) in callers {
+                roles.extend((0..count).map(|_| Role {
+                    fenced: *fenced,
+                    caller,
+                    keys: if *fenced {
+                        &FENCED_KEYS
+                    } else {
+                        &UNFENCED_KEYS
+                    },
+                }));
+            }
+        }
+        roles
+    }
 }
 
 fn plans(quick: bool) -> Vec<Plan> {
     use Fault::*;
-    let (rounds, workers) = if quick { (1, 2) } else { (3, 3) };
+    // The waiting workers keep keys contended (and measure the wake-up); one fail-fast worker
+    // per key set is enough to count what a caller without `wait` sees.
+    let (rounds, waiting) = if quick { (1, 1) } else { (3, 2) };
     let plan = |deployment, faults: &[Fault]| Plan {
         deployment,
         faults: faults.to_vec(),
         rounds,
-        workers,
+        waiting,
+        fail_fast: 1,
     };
     if quick {
         // The faults whose promises hold, and the paused holder that fencing answers.
@@ -72,8 +118,11 @@ fn plans(quick: bool) -> Vec<Plan> {
                 Deployment::Single,
                 &[None, KillRestart, StopServer, Blackhole, PausedHolder],
             ),
-            plan(Deployment::Sentinel, &[StopServer, Failover]),
-            plan(Deployment::Cluster, &[PlannedFailover, LaggingFailover]),
+            plan(Deployment::Sentinel, &[StopServer, Failover, ReplicaResync]),
+            plan(
+                Deployment::Cluster,
+                &[PlannedFailover, LaggingFailover, ReplicaResync],
+            ),
             plan(
                 Deployment::Redlock(3),
                 &[MinorityRestart, MajorityDown, PausedHolder],
@@ -103,7 +152,14 @@ fn plans(quick: bool) -> Vec<Plan> {
         ),
         plan(
             Deployment::Sentinel,
-            &[None, StopServer, Failover, LaggingFailover, PausedHolder],
+            &[
+                None,
+                StopServer,
+                Failover,
+                LaggingFailover,
+                ReplicaResync,
+                PausedHolder,
+            ],
         ),
         plan(
             Deployment::Cluster,
@@ -112,6 +168,7 @@ fn plans(quick: bool) -> Vec<Plan> {
                 PlannedFailover,
                 Failover,
                 LaggingFailover,
+                ReplicaResync,
                 StopServer,
                 PausedHolder,
             ],
@@ -137,6 +194,19 @@ async fn main() {
     let baseline = replica_acks.as_deref() == Some("0");
     let history_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/safety");
     std::fs::create_dir_all(&history_dir).expect("cannot create target/safety");
+    if args.iter().any(|arg| arg == "--failover-figure") {
+        let (report, held) = failover_figure(&history_dir).await;
+        println!("{report}");
+        if let Some(out) = out {
+            std::fs::write(&out, &report)
+                .unwrap_or_else(|err| panic!("cannot write {}: {err}", out.display()));
+        }
+        if !held {
+            println!("BROKEN PROMISES: see the figure");
+            std::process::exit(1);
+        }
+        return;
+    }
 
     let began = Instant::now();
     let mut table = table_header();
@@ -241,17 +311,22 @@ fn slug(deployment: Deployment) -> &'static str {
 }
 
 /// What one deployment's campaign came to.
-struct Outcome {
+struct Campaigned {
     rows: Vec<(Fault, Row)>,
     workers: usize,
     calls: usize,
     left_behind: usize,
 }
 
-async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Outcome {
+async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Campaigned {
     let resource = RedisServer::start();
     let mut lab = Lab::start(plan.deployment).await;
-    let mut workers = Workers::spawn(plan, &lab.url(), &resource.url(), replica_acks);
+    // The runner's `--replica-acks`, handed on to the workers' clients.
+    let env: Vec<(&str, &str)> = replica_acks
+        .map(|acks| ("SAFETY_REPLICA_ACKS", acks))
+        .into_iter()
+        .collect();
+    let mut workers = Workers::spawn(&plan.roles(), &lab.url(), &resource.url(), &env);
     workers.wait_until_working();
 
     let mut phases = Vec::new();
@@ -263,6 +338,9 @@ async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Out
             // after every fault.
             let grace = testkit::safety::promises::recovery_grace(plan.deployment, *fault);
             tokio::time::sleep(SETTLE.max(grace + Duration::from_secs(1))).await;
+            // A waiting call that began in this fault ends in this phase, not in the next
+            // fault: its wait is longer than the settling time.
+            workers.returned_since(healed).await;
             phases.push(Phase {
                 fault: *fault,
                 start,
@@ -283,14 +361,20 @@ async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Out
             applied.insert(format!("safety:{key}"), writes);
         }
     }
-    save_history(history_dir, plan.deployment, &lines, &phases, &applied);
+    save_history(
+        history_dir,
+        slug(plan.deployment),
+        &lines,
+        &phases,
+        &applied,
+    );
     let campaign = Campaign {
         deployment: plan.deployment,
         calls: &calls,
         applied: &applied,
         phases: &phases,
     };
-    Outcome {
+    Campaigned {
         rows: campaign.rows(),
         workers: workers.count(),
         calls: calls.len(),
@@ -298,9 +382,139 @@ async fn run(plan: &Plan, replica_acks: Option<&str>, history_dir: &Path) -> Out
     }
 }
 
+/// The lock key of [`failover_figure`]'s callers (after the `safety:` prefix).
+const FIGURE_KEY: [&str; 1] = ["one"];
+/// How long [`failover_figure`]'s callers run before the master is killed, and in all (as the
+/// tests of `tests/failover.rs` that ride out the same fault in one process).
+const FIGURE_BEFORE: Duration = Duration::from_secs(1);
+const FIGURE_RUN: Duration = Duration::from_secs(10);
+
+/// The design's two-process figure of "Failovers are waits", as the issue that asked for it
+/// measured it before: a Sentinel of one master, one replica and one sentinel (down-after 1 s),
+/// two worker processes of 4 tasks each on one key, `wait = 10s`, 5 ms bodies, the master
+/// killed with `SIGKILL`. Returns the report, and whether no call failed and no holders
+/// overlapped.
+async fn failover_figure(history_dir: &Path) -> (String, bool) {
+    let resource = RedisServer::start();
+    let mut sentinel = RedisSentinel::start_with(1, Duration::from_secs(1));
+    let caller = || Role {
+        fenced: false,
+        caller: Caller::Waiting,
+        keys: &FIGURE_KEY,
+    };
+    let env = [("SAFETY_TASKS", "4"), ("SAFETY_WORK_MS", "5")];
+    let mut workers = Workers::spawn(
+        &[caller(), caller()],
+        &sentinel.url(),
+        &resource.url(),
+        &env,
+    );
+    workers.wait_until_working();
+    let began = Instant::now();
+    tokio::time::sleep(FIGURE_BEFORE).await;
+    let killed_at = monotonic_ns();
+    let killed = sentinel.kill_master_now();
+    sentinel.wait_for_failover(killed);
+    let healed = monotonic_ns();
+    let promoted = sentinel.master().port();
+    sentinel.restart_as_replica(killed);
+    tokio::time::sleep(FIGURE_RUN.saturating_sub(began.elapsed())).await;
+    // One sentinel that pings as often as its down-after may call the promoted master down
+    // too, and fail back: a second outage the callers rode out, which the figure must name.
+    let failed_back = sentinel.master().port() != promoted;
+    let lines = workers.stop();
+    let calls: Vec<Call> = lines.iter().filter_map(|line| Call::parse(line)).collect();
+    let phases = [
+        Phase {
+            fault: Fault::None,
+            start: 0,
+            healed: 0,
+            end: killed_at,
+        },
+        Phase {
+            fault: Fault::Failover,
+            start: killed_at,
+            healed,
+            end: u64::MAX,
+        },
+    ];
+    let applied = BTreeMap::new();
+    save_history(history_dir, "failover-figure", &lines, &phases, &applied);
+    let rows = Campaign {
+        deployment: Deployment::Sentinel,
+        calls: &calls,
+        applied: &applied,
+        phases: &phases,
+    }
+    .rows();
+    let overlaps: usize = rows.iter().map(|(_, row)| row.overlaps_unfenced).sum();
+    let lost_updates: usize = rows.iter().map(|(_, row)| row.lost_unfenced).sum();
+
+    let held = calls.iter().filter(|call| call.held()).count();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for call in calls.iter().filter(|call| call.outcome != Outcome::Applied) {
+        *errors.entry(format!("{:?}", call.outcome)).or_default() += 1;
+    }
+    let error_count: usize = errors.values().sum();
+    let errors_text = if errors.is_empty() {
+        "0".to_owned()
+    } else {
+        let kinds: Vec<String> = errors
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        format!("{error_count} ({})", kinds.join(", "))
+    };
+    let longest_call = calls
+        .iter()
+        .map(|call| call.returned.saturating_sub(call.called))
+        .max()
+        .unwrap_or(0);
+    let first = calls
+        .iter()
+        .map(|call| call.called)
+        .min()
+        .unwrap_or(killed_at);
+    let last = calls
+        .iter()
+        .map(|call| call.returned)
+        .max()
+        .unwrap_or(killed_at);
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "| fault (2 processes x 4 tasks, one key, `wait = {}s`, 5 ms bodies) | calls with the lock \
+         | errors | longest call | overlaps / lost updates |\n|---|---|---|---|---|",
+        WAITING_WAIT.as_secs()
+    );
+    let _ = writeln!(
+        report,
+        "| Sentinel (1 master, 1 replica, 1 sentinel, down-after 1 s), master killed | {held} \
+         | {errors_text} | {:.2} s | {overlaps} / {lost_updates} |",
+        seconds(longest_call)
+    );
+    let _ = writeln!(
+        report,
+        "\n{} calls over {:.1} s; the master killed {:.1} s in, the new master serving {:.1} s \
+         after the kill{}.",
+        calls.len(),
+        seconds(last.saturating_sub(first)),
+        seconds(killed_at.saturating_sub(first)),
+        seconds(healed - killed_at),
+        if failed_back {
+            "; the sentinel then called the new master down too and failed back to the \
+             restarted one"
+        } else {
+            ""
+        },
+    );
+    (report, error_count == 0 && overlaps + lost_updates == 0)
+}
+
 fn save_history(
     dir: &Path,
-    deployment: Deployment,
+    name: &str,
     lines: &[String],
     phases: &[Phase],
     applied: &BTreeMap<String, Vec<(u64, String)>>,
@@ -319,7 +533,7 @@ fn save_history(
         }
     }
     text.push('\n');
-    let path = dir.join(format!("{}.history", slug(deployment)));
+    let path = dir.join(format!("{name}.history"));
     std::fs::write(&path, text)
         .unwrap_or_else(|err| panic!("cannot write {}: {err}", path.display()));
 }
@@ -395,6 +609,16 @@ impl Lab {
                 healed = Some(monotonic_ns());
                 sentinel.restart_as_replica(killed);
             }
+            (Lab::Sentinel(sentinel), Fault::ReplicaResync) => {
+                let syncs = full_syncs(sentinel.master());
+                let lost = sentinel.kill_replica_now();
+                tokio::time::sleep(HOLD).await;
+                sentinel.restart_as_replica(lost);
+                assert!(
+                    full_syncs(sentinel.master()) > syncs,
+                    "the replica synced in full"
+                );
+            }
             (Lab::Sentinel(sentinel), Fault::LaggingFailover) => {
                 let cut = sentinel.replica().cut_off_from(sentinel.master());
                 tokio::time::sleep(HOLD).await;
@@ -409,6 +633,17 @@ impl Lab {
                 tokio::time::sleep(HOLD).await;
                 cluster.take_over(&key);
                 drop(cut);
+            }
+            (Lab::Cluster(cluster), Fault::ReplicaResync) => {
+                let key = cluster_key(round);
+                let syncs = full_syncs(cluster.master_of(&key));
+                let lost = cluster.kill_replica_now(&key);
+                tokio::time::sleep(HOLD).await;
+                cluster.restart_node(lost);
+                assert!(
+                    full_syncs(cluster.master_of(&key)) > syncs,
+                    "the replica synced in full"
+                );
             }
             (Lab::Cluster(cluster), Fault::PlannedFailover) => {
                 cluster.fail_over(&cluster_key(round));
@@ -502,6 +737,15 @@ fn majority(n: usize, round: usize) -> Vec<usize> {
     (0..n / 2 + 1).map(|i| (round + i) % n).collect()
 }
 
+/// How many full syncs `server` has served as a master (`sync_full` in `INFO stats`).
+fn full_syncs(server: &RedisServer) -> u64 {
+    let info: String = redis::from_redis_value(server.command(&["INFO", "stats"])).expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("sync_full:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("INFO stats has sync_full")
+}
+
 /// Freezes `server` for `how_long`.
 async fn stopped(server: &RedisServer, how_long: Duration) {
     server.pause();
@@ -518,6 +762,14 @@ async fn down(servers: &mut [RedisServer], which: &[usize]) {
     for index in which {
         servers[*index].restart();
     }
+}
+
+/// One worker process to start.
+struct Role {
+    fenced: bool,
+    caller: Caller,
+    /// The lock keys it loops over (after the `safety:` prefix).
+    keys: &'static [&'static str],
 }
 
 /// The worker processes of one deployment, and what they printed.
@@ -537,69 +789,58 @@ struct Worker {
 }
 
 impl Workers {
-    /// `replica_acks`: the runner's `--replica-acks`, handed on as `SAFETY_REPLICA_ACKS`.
+    /// Starts one `safety_worker` per role, with `env` in their environment.
     fn spawn(
-        plan: &Plan,
+        roles: &[Role],
         deployment_url: &str,
         resource_url: &str,
-        replica_acks: Option<&str>,
+        env: &[(&str, &str)],
     ) -> Self {
         let binary = std::env::current_exe()
             .expect("the runner's path")
             .with_file_name("safety_worker");
-        let fenced_sets: &[bool] = if plan.deployment.offers_fencing() {
-            &[true, false]
-        } else {
-            // Redlock refuses fencing: as many workers, all unfenced.
-            &[false, false]
-        };
         let mut procs = Vec::new();
-        for fenced in fenced_sets {
-            for _ in 0..plan.workers {
-                let id = procs.len().to_string();
-                let keys = if *fenced { FENCED_KEYS } else { UNFENCED_KEYS };
-                let mut command = Command::new(&binary);
-                if let Some(acks) = replica_acks {
-                    command.env("SAFETY_REPLICA_ACKS", acks);
-                }
-                let mut child = command
-                    .args([
-                        id.as_str(),
-                        deployment_url,
-                        resource_url,
-                        if *fenced { "fenced" } else { "unfenced" },
-                    ])
-                    .args(keys)
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .unwrap_or_else(|err| panic!("cannot start {}: {err}", binary.display()));
-                let stdout = child.stdout.take().expect("piped");
-                let (begun_at, lines) = (Arc::new(AtomicU64::new(0)), Arc::default());
-                let reader = std::thread::spawn({
-                    let (begun_at, lines): (_, Arc<Mutex<Vec<String>>>) =
-                        (begun_at.clone(), Arc::clone(&lines));
-                    move || {
-                        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                            let begun = if line.starts_with("begin ") {
-                                monotonic_ns()
-                            } else {
-                                0
-                            };
-                            begun_at.store(begun, Ordering::SeqCst);
-                            lines.lock().expect("lines").push(line);
-                        }
+        for role in roles {
+            let id = procs.len().to_string();
+            let mut child = Command::new(&binary)
+                .envs(env.iter().copied())
+                .args([
+                    id.as_str(),
+                    deployment_url,
+                    resource_url,
+                    if role.fenced { "fenced" } else { "unfenced" },
+                    role.caller.name(),
+                ])
+                .args(role.keys)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|err| panic!("cannot start {}: {err}", binary.display()));
+            let stdout = child.stdout.take().expect("piped");
+            let (begun_at, lines) = (Arc::new(AtomicU64::new(0)), Arc::default());
+            let reader = std::thread::spawn({
+                let (begun_at, lines): (_, Arc<Mutex<Vec<String>>>) =
+                    (begun_at.clone(), Arc::clone(&lines));
+                move || {
+                    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                        let begun = if line.starts_with("begin ") {
+                            monotonic_ns()
+                        } else {
+                            0
+                        };
+                        begun_at.store(begun, Ordering::SeqCst);
+                        lines.lock().expect("lines").push(line);
                     }
-                });
-                procs.push(Worker {
-                    stdin: child.stdin.take(),
-                    child,
-                    fenced: *fenced,
-                    begun_at,
-                    lines,
-                    reader: Some(reader),
-                });
-            }
+                }
+            });
+            procs.push(Worker {
+                stdin: child.stdin.take(),
+                child,
+                fenced: role.fenced,
+                begun_at,
+                lines,
+                reader: Some(reader),
+            });
         }
         Workers { procs }
     }
@@ -621,6 +862,28 @@ impl Workers {
                 "the workers did not complete a call within 30 s"
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Returns once every worker has returned from a call it began at or after `since`: no call
+    /// begun before is still in flight. Gives up (saying so) after a waiting call's wait and
+    /// more: a worker stuck longer is for the checker to find.
+    async fn returned_since(&self, since: u64) {
+        let deadline = Instant::now() + WAITING_WAIT + Duration::from_secs(5);
+        let returned = |worker: &Worker| {
+            let lines = worker.lines.lock().expect("lines");
+            lines
+                .iter()
+                .rev()
+                .find_map(|line| Call::parse(line))
+                .is_some_and(|call| call.called >= since)
+        };
+        while !self.procs.iter().all(returned) {
+            if Instant::now() >= deadline {
+                eprintln!("a worker's call begun before the heal is still running; going on");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

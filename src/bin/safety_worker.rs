@@ -1,16 +1,21 @@
 //! One client of the safety campaign (`scripts/safety.sh`), in a process of its own so the
 //! nemesis can pause it (`SIGSTOP`) as Kleppmann's paused holder.
 //!
-//! `safety_worker WORKER DEPLOYMENT RESOURCE_URL fenced|unfenced KEY...`
+//! `safety_worker WORKER DEPLOYMENT RESOURCE_URL fenced|unfenced waiting|fail-fast KEY...`
 //!
 //! Until its stdin closes, it loops over the KEYs, each time taking the lock `safety:KEY` with
-//! `#[redis_lock]` (ttl 1 s, 3 renewals, wait 2 s, and `fencing = true` when fenced) and doing a
-//! read-modify-write (10 ms between read and write; 400 ms every 10th call, so leases are renewed) of a counter at `res:KEY` on RESOURCE_URL, a Redis the nemesis never
-//! touches: a plain GET/SET unfenced, the fencing-checked read and write of
+//! `#[redis_lock]` (ttl 1 s, 3 renewals, `fencing = true` when fenced; `wait = 10s` when waiting,
+//! no `wait` when fail-fast: the two callers the contract treats apart) and doing a
+//! read-modify-write (10 ms between read and write; 400 ms every 10th call, so leases are
+//! renewed) of a counter at `res:KEY` on RESOURCE_URL, a Redis the nemesis never touches: a plain
+//! GET/SET unfenced, the fencing-checked read and write of
 //! [`testkit::fenced_read`]/[`testkit::fenced_write`] fenced. It prints `begin WORKER KEY` when
 //! a body starts and one `call` line per call (see `testkit::safety::Call`).
 //!
-//! `SAFETY_REPLICA_ACKS=N` in its environment builds the client with `replica_acks(N)`.
+//! From its environment: `SAFETY_REPLICA_ACKS=N` builds the client with `replica_acks(N)`;
+//! `SAFETY_TASKS=N` runs N such loops at once on the one client (default 1); `SAFETY_WORK_MS=N`
+//! makes every call work N ms between read and write (no long calls);
+//! `RUST_LOG=lockmacro_runtime=info` shows what the lock does (its looks made again), on stderr.
 //!
 //! DEPLOYMENT is a `redis://` or `redis+sentinel://` URL, `cluster:URL,URL,...` (seed nodes) or
 //! `redlock:URL,URL,URL` (the masters).
@@ -23,7 +28,9 @@ use std::time::Duration;
 use lockmacro_runtime::{LockClient, LockContext, LockError, redis_lock};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use testkit::safety::{Call, Outcome, begin_line, fenced_value, monotonic_ns, parse_fenced_value};
+use testkit::safety::{
+    Call, Caller, Outcome, WAITING_WAIT, begin_line, fenced_value, monotonic_ns, parse_fenced_value,
+};
 
 /// Between the read and the write: the window in which a paused or late holder meets another.
 const WORK: Duration = Duration::from_millis(10);
@@ -34,48 +41,97 @@ const LONG_EVERY: u64 = 10;
 /// A worker whose runner never closes its stdin still stops: no campaign runs this long.
 const MAX_RUN: Duration = Duration::from_secs(20 * 60);
 
+/// What every call loop of this worker does.
+struct Setup {
+    worker: u32,
+    fenced: bool,
+    caller: Caller,
+    keys: Vec<String>,
+    /// `SAFETY_WORK_MS`: every call's work, instead of [`WORK`] and [`LONG_WORK`].
+    work: Option<Duration>,
+    locks: LockClient,
+    resource: MultiplexedConnection,
+    /// Numbers calls across the loops: a call is (worker, seq).
+    seq: AtomicU64,
+    stop: Arc<AtomicBool>,
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().collect();
-    let [_, worker, deployment, resource, fencing, keys @ ..] = args.as_slice() else {
-        eprintln!("usage: safety_worker WORKER DEPLOYMENT RESOURCE_URL fenced|unfenced KEY...");
+    let [_, worker, deployment, resource, fencing, caller, keys @ ..] = args.as_slice() else {
+        eprintln!(
+            "usage: safety_worker WORKER DEPLOYMENT RESOURCE_URL fenced|unfenced waiting|fail-fast KEY..."
+        );
         std::process::exit(2);
     };
-    let worker: u32 = worker.parse().expect("WORKER is a number");
-    let fenced = fencing == "fenced";
-    let locks = client(deployment).await;
-    let resource = redis::Client::open(resource.as_str())
-        .expect("RESOURCE_URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("the resource Redis answers");
-    let stop = stop_when_stdin_closes();
+    let number = |name: &str| {
+        std::env::var(name).ok().map(|value| {
+            value
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{name} is a number"))
+        })
+    };
+    let setup = Arc::new(Setup {
+        worker: worker.parse().expect("WORKER is a number"),
+        fenced: fencing == "fenced",
+        caller: Caller::parse(caller).expect("waiting or fail-fast"),
+        keys: keys.to_vec(),
+        work: number("SAFETY_WORK_MS").map(Duration::from_millis),
+        locks: client(deployment).await,
+        resource: redis::Client::open(resource.as_str())
+            .expect("RESOURCE_URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the resource Redis answers"),
+        seq: AtomicU64::new(0),
+        stop: stop_when_stdin_closes(),
+    });
+    let mut loops = tokio::task::JoinSet::new();
+    for _ in 0..number("SAFETY_TASKS").unwrap_or(1) {
+        loops.spawn(call_loop(setup.clone()));
+    }
+    while let Some(done) = loops.join_next().await {
+        done.expect("a call loop");
+    }
+}
+
+/// Calls one after another until the runner says stop.
+async fn call_loop(setup: Arc<Setup>) {
+    let worker = setup.worker;
     let give_up = tokio::time::Instant::now() + MAX_RUN;
-    let mut seq = 0u64;
-    while !stop.load(Ordering::SeqCst) && tokio::time::Instant::now() < give_up {
-        seq += 1;
-        let key = &keys[(seq as usize + worker as usize) % keys.len()];
+    while !setup.stop.load(Ordering::SeqCst) && tokio::time::Instant::now() < give_up {
+        let seq = setup.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let key = &setup.keys[(seq as usize + worker as usize) % setup.keys.len()];
         let trace = Trace::default();
         let step = Step {
             worker,
             seq,
             data: format!("res:{key}"),
-            conn: resource.clone(),
+            conn: setup.resource.clone(),
             // Staggered, so the workers' long calls do not all fall together.
-            work: if (seq + u64::from(worker) * 3).is_multiple_of(LONG_EVERY) {
-                LONG_WORK
-            } else {
-                WORK
-            },
+            work: setup.work.unwrap_or(
+                if (seq + u64::from(worker) * 3).is_multiple_of(LONG_EVERY) {
+                    LONG_WORK
+                } else {
+                    WORK
+                },
+            ),
             trace: &trace,
         };
         let called = monotonic_ns();
-        let result = if fenced {
-            fenced_increment(&locks, key, step).await
-        } else {
-            increment(&locks, key, step).await
+        let locks = &setup.locks;
+        let result = match (setup.fenced, setup.caller) {
+            (true, Caller::Waiting) => fenced_waiting(locks, key, step).await,
+            (true, Caller::FailFast) => fenced_fail_fast(locks, key, step).await,
+            (false, Caller::Waiting) => waiting(locks, key, step).await,
+            (false, Caller::FailFast) => fail_fast(locks, key, step).await,
         };
-        let call = trace.call(worker, seq, key, called, result);
+        let call = trace.call(worker, setup.caller, seq, key, called, result);
         println!("{call}");
         // Spread the workers out; back off while the deployment fails, as a client would.
         let pause = match call.outcome {
@@ -122,21 +178,37 @@ fn stop_when_stdin_closes() -> Arc<AtomicBool> {
     stop
 }
 
-#[redis_lock(prefix = "safety", key = key, client = locks, ttl = "1s", max_renewals = 3, wait = "2s", fencing = true)]
-async fn fenced_increment(
+// The same call four ways: a lock's options are fixed per function, and the contract differs
+// with and without `wait` (and fencing), so each kind of caller has its own.
+
+#[redis_lock(prefix = "safety", key = key, client = locks, ttl = "1s", max_renewals = 3, wait = WAITING_WAIT, fencing = true)]
+async fn fenced_waiting(locks: &LockClient, key: &str, step: Step<'_>) -> Result<bool, LockError> {
+    Ok(step.run(key, Some(fencing_token())).await)
+}
+
+#[redis_lock(prefix = "safety", key = key, client = locks, ttl = "1s", max_renewals = 3, fencing = true)]
+async fn fenced_fail_fast(
     locks: &LockClient,
     key: &str,
     step: Step<'_>,
 ) -> Result<bool, LockError> {
-    let fence = LockContext::current()
-        .and_then(|lock| lock.fencing_token())
-        .expect("a fenced lock hands out a token");
-    Ok(step.run(key, Some(fence)).await)
+    Ok(step.run(key, Some(fencing_token())).await)
 }
 
-#[redis_lock(prefix = "safety", key = key, client = locks, ttl = "1s", max_renewals = 3, wait = "2s")]
-async fn increment(locks: &LockClient, key: &str, step: Step<'_>) -> Result<bool, LockError> {
+#[redis_lock(prefix = "safety", key = key, client = locks, ttl = "1s", max_renewals = 3, wait = WAITING_WAIT)]
+async fn waiting(locks: &LockClient, key: &str, step: Step<'_>) -> Result<bool, LockError> {
     Ok(step.run(key, None).await)
+}
+
+#[redis_lock(prefix = "safety", key = key, client = locks, ttl = "1s", max_renewals = 3)]
+async fn fail_fast(locks: &LockClient, key: &str, step: Step<'_>) -> Result<bool, LockError> {
+    Ok(step.run(key, None).await)
+}
+
+fn fencing_token() -> u64 {
+    LockContext::current()
+        .and_then(|lock| lock.fencing_token())
+        .expect("a fenced lock hands out a token")
 }
 
 /// One read-modify-write of the counter.
@@ -211,6 +283,7 @@ impl Trace {
     fn call(
         &self,
         worker: u32,
+        caller: Caller,
         seq: u64,
         key: &str,
         called: u64,
@@ -229,6 +302,7 @@ impl Trace {
         };
         Call {
             worker,
+            caller,
             seq,
             key: format!("safety:{key}"),
             fence: set(&self.fence),

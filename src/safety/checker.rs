@@ -3,9 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use super::history::{Call, Outcome, parse_fenced_value};
+use super::history::{Call, Caller, Outcome, WAITING_WAIT, parse_fenced_value};
 use super::promises::{
-    Deployment, Fault, WAKE_UP, WAKE_UP_BOUND, known_defect, promise, recovery_grace,
+    Deployment, Fault, RIDES_OUT, WAKE_UP, WAKE_UP_BOUND, known_defect, promise, recovery_grace,
 };
 
 /// One window of the nemesis's schedule, on the monotonic clock.
@@ -30,8 +30,12 @@ pub struct Row {
     pub completed: usize,
     /// Of those, calls whose read or write the fenced storage rejected as stale: fencing at work.
     pub rejected: usize,
-    /// Calls that ended in an error other than `Busy` (lost, exhausted, Redis, no quorum).
-    pub failed: usize,
+    /// Calls with `wait` ([`Caller::Waiting`]) that ended in an error other than `Busy` (lost,
+    /// exhausted, Redis, no quorum): what a failover costs a caller that asked to wait.
+    pub failed_waiting: usize,
+    /// The same for calls without `wait` ([`Caller::FailFast`]), which fail by design while the
+    /// deployment cannot grant.
+    pub failed_fail_fast: usize,
     /// Pairs of holders of an unfenced key whose bodies overlapped.
     pub overlaps_unfenced: usize,
     /// Pairs of holders of a fenced key whose bodies overlapped.
@@ -51,6 +55,10 @@ pub struct Row {
     /// The longest time from a fault's heal (the server back, the new master serving, the
     /// traffic flowing, the holder resumed) to the next lock taken on any key, in ms.
     pub recovery_ms: f64,
+    /// The longest time a key went without a lock taken on it, from the fault's injection to
+    /// its first lock after the heal, in ms: whether the deployment recovered inside a waiting
+    /// caller's wait (a fault that leaves it granting, or hits other keys, costs little here).
+    pub outage_ms: f64,
 }
 
 /// Everything the checker needs about one deployment's campaign.
@@ -95,6 +103,7 @@ impl Campaign<'_> {
                 .unwrap_or(phase.end);
             let recovery = first_after_heal.saturating_sub(phase.healed);
             row.recovery_ms = row.recovery_ms.max(ms(recovery));
+            row.outage_ms = row.outage_ms.max(ms(self.outage(phase)));
         }
         // A call counts where its outcome became known: a lease lost to a fault ends in the
         // fault's phase even when the call began before it.
@@ -110,7 +119,8 @@ impl Campaign<'_> {
                     row.rejected += 1;
                 }
                 Outcome::Busy => {}
-                _ => row.failed += 1,
+                _ if call.caller == Caller::Waiting => row.failed_waiting += 1,
+                _ => row.failed_fail_fast += 1,
             }
         }
         for (at, fenced, length) in self.overlaps() {
@@ -147,6 +157,31 @@ impl Campaign<'_> {
             }
         }
         rows
+    }
+
+    /// The longest time in `phase` that a key went without a lock taken on it, from the
+    /// injection to its first lock after the heal (or the phase's end).
+    fn outage(&self, phase: &Phase) -> u64 {
+        let mut longest = 0;
+        for calls in self.holders().values() {
+            let mut since = phase.start;
+            let mut recovered = false;
+            for (start, _) in calls.iter().filter_map(|call| call.body) {
+                if start < phase.start {
+                    continue;
+                }
+                longest = longest.max(start.min(phase.end) - since);
+                if start >= phase.healed || start >= phase.end {
+                    recovered = true;
+                    break;
+                }
+                since = start;
+            }
+            if !recovered {
+                longest = longest.max(phase.end.saturating_sub(since));
+            }
+        }
+        longest
     }
 
     fn phase_at(&self, at: u64) -> Option<&Phase> {
@@ -366,9 +401,23 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
             deployment,
             fault,
             what: format!("{what}: {count}"),
-            known: known_defect(deployment, what),
+            known: known_defect(deployment, fault, what),
         })
         .collect();
+    if promise.rides_out && row.failed_waiting > 0 {
+        found.push(Broken {
+            deployment,
+            fault,
+            what: format!(
+                "{RIDES_OUT}: {} (the longest a key went without a lock in the fault, {:.0} ms; \
+                 the wait {} s)",
+                row.failed_waiting,
+                row.outage_ms,
+                WAITING_WAIT.as_secs()
+            ),
+            known: known_defect(deployment, fault, RIDES_OUT),
+        });
+    }
     if promise.woken && row.longest_free_while_waited_ms > WAKE_UP_BOUND.as_secs_f64() * 1e3 {
         found.push(Broken {
             deployment,
@@ -378,7 +427,7 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
                 row.longest_free_while_waited_ms,
                 WAKE_UP_BOUND.as_millis()
             ),
-            known: known_defect(deployment, WAKE_UP),
+            known: known_defect(deployment, fault, WAKE_UP),
         });
     }
     found
@@ -386,10 +435,10 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
 
 /// The header of the table [`table_row`] fills.
 pub fn table_header() -> String {
-    "| deployment | fault | rounds | calls completed / fenced-rejected / failed | overlaps unfenced / fenced (longest) \
-     | stale fenced writes accepted | lost updates unfenced / fenced | longest free while waited \
-     | recovery | verdict |\n\
-     |---|---|---|---|---|---|---|---|---|---|\n"
+    "| deployment | fault | rounds | calls completed / fenced-rejected | failed waiting / fail-fast \
+     | overlaps unfenced / fenced (longest) | stale fenced writes accepted \
+     | lost updates unfenced / fenced | longest free while waited | recovery | verdict |\n\
+     |---|---|---|---|---|---|---|---|---|---|---|\n"
         .to_owned()
 }
 
@@ -437,11 +486,12 @@ pub fn table_row(deployment: Deployment, fault: Fault, row: &Row) -> String {
     let mut line = String::new();
     let _ = writeln!(
         line,
-        "| {deployment} | {fault} | {} | {} / {} / {} | {overlaps}{longest} | {} | {} / {} | **{:.0} ms** | {:.0} ms | {verdict} |",
+        "| {deployment} | {fault} | {} | {} / {} | {} / {} | {overlaps}{longest} | {} | {} / {} | **{:.0} ms** | {:.0} ms | {verdict} |",
         row.rounds,
         row.completed,
         fenced(row.rejected),
-        row.failed,
+        mark(promise.rides_out, row.failed_waiting.to_string()),
+        row.failed_fail_fast,
         mark(promise.fenced, fenced(row.stale_accepted)),
         mark(promise.exclusive, row.lost_unfenced.to_string()),
         mark(promise.fenced, fenced(row.lost_fenced)),
@@ -458,6 +508,7 @@ mod tests {
     fn held(worker: u32, seq: u64, key: &str, body: (u64, u64), read: u64) -> Call {
         Call {
             worker,
+            caller: Caller::Waiting,
             seq,
             key: key.into(),
             fence: None,
@@ -508,6 +559,49 @@ mod tests {
         assert_eq!(row.stale_accepted, 1, "two holders shared token 7");
         assert_eq!(row.lost_fenced, 0);
         assert_eq!(broken(Deployment::Single, Fault::None, row).len(), 3);
+    }
+
+    #[test]
+    fn failed_calls_are_counted_by_caller_and_waiting_ones_break_a_failover() {
+        let failed = |worker, seq, caller, outcome| Call {
+            caller,
+            called: 400,
+            body: None,
+            returned: 500,
+            read: None,
+            outcome,
+            ..held(worker, seq, "safety:u0", (100, 200), 0)
+        };
+        let calls = vec![
+            held(1, 1, "safety:u0", (100, 200), 0),
+            failed(2, 1, Caller::FailFast, Outcome::Redis),
+            failed(2, 2, Caller::FailFast, Outcome::Busy),
+            failed(3, 1, Caller::Waiting, Outcome::Redis),
+            held(1, 2, "safety:u0", (900, 950), 1),
+        ];
+        let phases = [Phase {
+            fault: Fault::Failover,
+            start: 300,
+            healed: 800,
+            end: 1_000,
+        }];
+        let campaign = Campaign {
+            deployment: Deployment::Sentinel,
+            calls: &calls,
+            applied: &BTreeMap::new(),
+            phases: &phases,
+        };
+        let rows = campaign.rows();
+        let row = &rows[0].1;
+        assert_eq!((row.failed_waiting, row.failed_fail_fast), (1, 1));
+        assert_eq!(
+            row.outage_ms,
+            ms(600),
+            "no lock from the fault at 300 to 900"
+        );
+        let broken = broken(Deployment::Sentinel, Fault::Failover, row);
+        assert_eq!(broken.len(), 1);
+        assert!(broken[0].what.starts_with(RIDES_OUT), "{broken:?}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! workers and the nemesis's own log compare directly.
 
 use std::fmt;
+use std::time::Duration;
 
 pub use crate::monotonic_ns;
 
@@ -57,11 +58,45 @@ impl Outcome {
     }
 }
 
+/// Whether the caller asked to wait: the contract differs, so the checker counts them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// `wait = 10s` ([`WAITING_WAIT`]): a failure that heals is waited out inside the wait, so a
+    /// failover the deployment recovers from meanwhile costs such a caller time, not an error.
+    Waiting,
+    /// No `wait`: the call fails fast, with `Busy` on a held key and an error on a failing
+    /// deployment.
+    FailFast,
+}
+
+/// The wait of a [`Caller::Waiting`] worker: as a user who asked to ride out a failover would
+/// set it, several times the few seconds the campaign's failovers take.
+pub const WAITING_WAIT: Duration = Duration::from_secs(10);
+
+impl Caller {
+    /// The word a worker's command line and its `call` lines use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Caller::Waiting => "waiting",
+            Caller::FailFast => "fail-fast",
+        }
+    }
+
+    /// The caller named by [`name`](Self::name).
+    pub fn parse(name: &str) -> Option<Self> {
+        [Caller::Waiting, Caller::FailFast]
+            .into_iter()
+            .find(|caller| caller.name() == name)
+    }
+}
+
 /// One locked call by one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
     /// The worker process.
     pub worker: u32,
+    /// Whether it waits for the lock.
+    pub caller: Caller,
     /// The call's number within its worker.
     pub seq: u64,
     /// The lock key (`safety:f0`, ...).
@@ -92,6 +127,7 @@ impl Call {
         let [
             "call",
             worker,
+            caller,
             seq,
             key,
             fence,
@@ -111,6 +147,7 @@ impl Call {
         };
         Some(Call {
             worker: worker.parse().ok()?,
+            caller: Caller::parse(caller)?,
             seq: seq.parse().ok()?,
             key: (*key).to_owned(),
             fence: optional(fence)?,
@@ -128,8 +165,9 @@ impl fmt::Display for Call {
         let optional = |value: Option<u64>| value.map_or("-".to_owned(), |v| v.to_string());
         write!(
             f,
-            "call {} {} {} {} {} {} {} {} {} {}",
+            "call {} {} {} {} {} {} {} {} {} {} {}",
             self.worker,
+            self.caller.name(),
             self.seq,
             self.key,
             optional(self.fence),
@@ -168,6 +206,7 @@ mod tests {
     fn call_lines_round_trip() {
         let call = Call {
             worker: 3,
+            caller: Caller::FailFast,
             seq: 17,
             key: "safety:f0".into(),
             fence: Some(1_700_000_000_000_001),

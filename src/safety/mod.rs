@@ -12,5 +12,9 @@ pub mod history;
 pub mod promises;
 
 pub use checker::{Broken, Campaign, Phase, Row, broken, table_header, table_row};
-pub use history::{Call, Outcome, begin_line, fenced_value, monotonic_ns, parse_fenced_value};
-pub use promises::{Deployment, Fault, Promise, WAKE_UP, WAKE_UP_BOUND, known_defect, promise};
+pub use history::{
+    Call, Caller, Outcome, WAITING_WAIT, begin_line, fenced_value, monotonic_ns, parse_fenced_value,
+};
+pub use promises::{
+    Deployment, Fault, Promise, RIDES_OUT, WAKE_UP, WAKE_UP_BOUND, known_defect, promise,
+};
