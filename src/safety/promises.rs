@@ -216,30 +216,12 @@ pub fn promise(deployment: Deployment, fault: Fault) -> Promise {
 pub fn known_defect(deployment: Deployment, fault: Fault, promise: &str) -> Option<&'static str> {
     // Redlock's missed wake-ups after a master restart were fixed (a lost master's
     // subscription is reopened, and echoes are told from new releases per master).
-    match (deployment, fault, promise) {
-        (Deployment::Sentinel, Fault::Failover, WAKE_UP)
-        | (Deployment::Single, Fault::Blackhole, WAKE_UP) => Some(DEAF_PAUSE),
-        (Deployment::Sentinel, Fault::LaggingFailover, RIDES_OUT) => Some(LATE_GRANT),
-        _ => None,
-    }
+    // A waiting call's look-again pause deaf to releases, and a grant confirmed past its
+    // lease's deadline ending `Lost` before its body ran, were fixed (engine/wait.rs: the pause
+    // ends on a release heard, and a late grant looks again within the wait).
+    let _ = (deployment, fault, promise);
+    None
 }
-
-/// Seen on Sentinel's *kill master* (356–431 ms in 8 of 9 runs) and one Redis's *blackhole*
-/// (395 and 400 ms in 2 of 3 full runs); `RUST_LOG=lockmacro_runtime=info` on the runner shows the
-/// waiter's last failed look and its `retry_in_ms`.
-const DEAF_PAUSE: &str = "a waiting call whose look failed sleeps its look-again pause \
-    (backoff to about 1.1 s, engine/wait.rs LooksAgain) hearing no release: its first look \
-    failed, so it never subscribed. A look that fails just before the deployment can grant \
-    again (about 1 s after the sentinels switch) sleeps past the 1 s recovery grace while \
-    others take and release the key";
-
-/// Seen on Sentinel's *failover to a lagging replica* (1–2 calls in 3 of 6 runs), and on the
-/// unpromised *server SIGSTOP* rows: with `RUST_LOG=lockmacro_runtime=debug` the call's `lock
-/// acquired` and `lock work cancelled` come within microseconds.
-const LATE_GRANT: &str = "a waiting call whose grant is confirmed after the lease's local \
-    deadline ends Lost before its body runs, instead of looking again within its wait (on the \
-    master just promoted, a look's grant took about 1 s to confirm: the 1 s ttl, less drift, \
-    had passed)";
 
 /// The name of the wake-up promise in [`known_defect`] and the checker's findings.
 pub const WAKE_UP: &str = "longest free while waited";

@@ -213,6 +213,9 @@ struct Waiter<'e> {
     reservation: Option<Reservation>,
     /// This client's queue of the key that kept the caller out at its last look.
     ticket: Option<Ticket<'e>>,
+    /// It waited for the ticket's subscription once: a ticket taken during a pause after a
+    /// failed look was not, as the deployment was failing.
+    listened: bool,
     stay: Stay<'e>,
     /// One token for every look of this wait: it keeps its place in a fair queue, its claim as
     /// a waiting writer and its reservation. A busy look took nothing, and a look that failed
@@ -251,6 +254,7 @@ impl<'e> Waiter<'e> {
             since: Since::now(engine.wall),
             reservation: None,
             ticket: None,
+            listened: false,
             stay: Stay::new(engine, keys, options.ttl),
             token: new_token(),
             keeps_place: policy.keeps_place_at_once,
@@ -323,12 +327,7 @@ impl<'e> Waiter<'e> {
                     retry_after: busy.estimate,
                 });
             }
-            if self
-                .ticket
-                .as_ref()
-                .is_none_or(|ticket| ticket.key() != self.keys[busy.key])
-                && self.listen(busy.key, left).await?
-            {
+            if !self.listens_on(busy.key) && self.listen(busy.key, left).await? {
                 // Subscribed, and its looks keep its place from now on: no release can slip
                 // by unheard. Look again.
                 continue;
@@ -410,12 +409,22 @@ impl<'e> Waiter<'e> {
         self.pause(pause, heard).await
     }
 
-    /// Sleeps `pause`, or less if a release of the key is heard since `heard`.
+    /// Sleeps `pause`, or less if a release of the key is heard since `heard`. A caller whose
+    /// first look failed joins the key's queue now: its subscription is made once the
+    /// deployment answers again, and a release heard then ends the pause.
     async fn pause(&mut self, pause: Duration, heard: u64) -> Result<(), LockError> {
         self.waited = Waited::Yes;
         let until = clock::after(Instant::now(), pause);
+        let heard = match self.ticket {
+            Some(_) => heard,
+            None => {
+                let keys = self.keys;
+                self.join(&keys[0]).releases_heard()
+            }
+        };
+        let ticket = self.ticket.as_ref();
         let released = async {
-            match &self.ticket {
+            match ticket {
                 Some(ticket) => ticket.released_or(until, heard).await,
                 None => tokio::time::sleep_until(until).await,
             }
@@ -431,21 +440,34 @@ impl<'e> Waiter<'e> {
     /// Joins this client's queue of the key at `key` (leaving any other), and waits at most
     /// `left` for its releases to be heard: `true` when they are.
     async fn listen(&mut self, key: usize, left: Duration) -> Result<bool, LockError> {
-        self.reservation = None;
-        self.ticket = None;
-        let key = &self.keys[key];
+        let (engine, keys) = (self.engine, self.keys);
+        let key = &keys[key];
         tracing::debug!(key = %key, token_hint = %hint(&self.token), "lock busy; waiting for its release");
-        let joined = self
-            .engine
-            .waits
-            .join(key, self.policy.wakes_everyone, self.prefix.clone());
-        let ticket = self.ticket.insert(joined);
+        self.listened = true;
+        let ticket = self.join(key);
         crate::sync::select! {
             heard = ticket.subscribed(left) => Ok(heard),
-            () = self.engine.closing.cancelled() => {
-                Err(LockError::ShutDown { key: self.keys[0].clone() })
-            }
+            () = engine.closing.cancelled() => Err(LockError::ShutDown { key: keys[0].clone() }),
         }
+    }
+
+    /// Whether it listens on the queue of the key at `key` already.
+    fn listens_on(&self, key: usize) -> bool {
+        self.listened && (self.ticket.as_ref()).is_some_and(|ticket| ticket.key() == self.keys[key])
+    }
+
+    /// This client's queue of `key`: the ticket it has, or a new one in place of any other.
+    fn join(&mut self, key: &str) -> &Ticket<'e> {
+        if self
+            .ticket
+            .as_ref()
+            .is_some_and(|ticket| ticket.key() != key)
+        {
+            self.reservation = None;
+            self.ticket = None;
+        }
+        let (waits, everyone) = (&self.engine.waits, self.policy.wakes_everyone);
+        (self.ticket).get_or_insert_with(|| waits.join(key, everyone, self.prefix.clone()))
     }
 
     /// Parks first, behind this client's other waiters for the key.
@@ -453,6 +475,7 @@ impl<'e> Waiter<'e> {
         self.waited = Waited::Yes;
         let joined = (self.engine.waits).join(&self.keys[0], false, self.prefix.clone());
         let heard = self.ticket.insert(joined).releases_heard();
+        self.listened = true;
         let turn = clock::after(Instant::now(), self.polls.next_delay()).min(self.give_up);
         let parking = Parking {
             until: turn,
