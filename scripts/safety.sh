@@ -12,7 +12,8 @@
 #   scripts/safety.sh --failover-figure  2 processes x 4 tasks with `wait = 10s` through a
 #                                        Sentinel master killed (~10 s): no campaign
 #
-# Extra arguments go to the runner: `--only single|sentinel|cluster|redlock3|redlock5`,
+# Extra arguments go to the runner: `--only single|sentinel|cluster|redlock3|redlock5`, `--fault NAME`
+# (one fault alone, e.g. `--fault laggingfailover`),
 # `--replica-acks N`, `--out FILE` (the report, also printed). Histories are kept under
 # target/safety/.
 set -euo pipefail

@@ -218,6 +218,10 @@ enum Command {
     /// forced release of its key.
     Listen,
     Watch(String),
+    /// A waiter on the key found the deployment answering again while the subscription is
+    /// lost: reopen it now rather than at the next try of its backoff (unless the deployment
+    /// refused it, or it was tried a moment ago).
+    Resubscribe(String),
     Unwatch(String),
     /// Open the subscription now (a client being built), reporting how it went.
     Connect(oneshot::Sender<Result<(), StoreError>>),
@@ -253,6 +257,7 @@ impl WaitQueue {
                 backoff: Backoff::new(REOPEN_BASE, REOPEN_CAP),
                 reopen_at: None,
                 tried_at: None,
+                refused: false,
             };
             listener.run(received.clone(), stop)
         });
@@ -402,6 +407,21 @@ impl Ticket<'_> {
             waiters: self.waiters.clone(),
             id,
             outcome,
+        }
+    }
+
+    /// Whether releases of the key reach this client now.
+    pub(crate) fn hears(&self) -> bool {
+        self.waiters.hearing.get() == Hearing::Heard
+    }
+
+    /// Asks for the key's releases again after the subscription was lost (the deployment
+    /// answers again): it is reopened now, unless it was tried a moment ago;
+    /// [`subscribed`](Self::subscribed) then waits for the outcome.
+    pub(crate) fn resubscribe(&self) {
+        if self.waiters.hearing.get() == Hearing::Unheard {
+            self.waiters.hearing.set(Hearing::Pending);
+            let _ = (self.queue.commands).send(Command::Resubscribe(self.key.clone()));
         }
     }
 
@@ -588,6 +608,15 @@ impl KeyWaiters {
         }
     }
 
+    /// Every waiter looks, as after releases missed (a permit is kept for a waiter between two
+    /// looks).
+    fn wake_all(&self) {
+        self.releases
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.released.notify_waiters();
+        self.released.notify_one();
+    }
+
     /// After a release: one waiter looks (FIFO within the client), or every waiter when some
     /// must all look; a permit is kept for a waiter between two looks.
     fn wake(&self) {
@@ -613,6 +642,9 @@ struct Listener {
     reopen_at: Option<Instant>,
     /// When it was last tried.
     tried_at: Option<Instant>,
+    /// The deployment refused the subscription (an ACL without channels, say): only the
+    /// backoff tries it again.
+    refused: bool,
 }
 
 impl Listener {
@@ -667,6 +699,7 @@ impl Listener {
     }
 
     async fn obey(&mut self, command: Command) {
+        let resubscribing = matches!(command, Command::Resubscribe(_));
         match command {
             Command::Listen => {
                 if self.feed.is_none() && self.reopen_at.is_none() {
@@ -680,15 +713,16 @@ impl Listener {
                 };
                 let _ = reply.send(opened);
             }
-            Command::Watch(key) => {
+            Command::Watch(key) | Command::Resubscribe(key) => {
                 let Some(waiters) = lock(&self.keys).get(&key).cloned() else {
                     return;
                 };
                 if self.feed.is_none() {
                     // Opening subscribes every waited-for key, this one included: now, unless
-                    // it was tried a moment ago (then the backoff's next try will).
+                    // it was tried a moment ago (then the backoff's next try will), or the
+                    // deployment refused it and a waiter merely found it answering again.
                     let tried_lately = self.tried_at.is_some_and(|at| at.elapsed() < REOPEN_BASE);
-                    if tried_lately {
+                    if tried_lately || (resubscribing && self.refused) {
                         waiters.hearing.set(Hearing::Unheard);
                     } else {
                         self.reopen_at = None;
@@ -746,19 +780,22 @@ impl Listener {
         match opened.await {
             Ok(feed) => {
                 self.feed = Some(feed);
+                self.refused = false;
                 self.backoff.reset();
                 // Unheard until now: a forced release, or a restart, a failover or a flush
                 // after a loss, may have taken keys of leases already held.
                 self.checker.check(LeaseCheck::Unheard);
-                // A release may have gone by unheard while there was no subscription: the
-                // waiters look again now rather than sleep out the holder's remaining lease.
+                // Releases may have gone by unheard while there was no subscription, any
+                // number of them: every waiter looks again now rather than sleep out the
+                // holder's remaining lease.
                 for (_, waiters) in &watched {
-                    waiters.wake();
+                    waiters.wake_all();
                 }
                 Ok(())
             }
             Err(error) => {
                 tracing::debug!(error = %error, "cannot open the release subscription");
+                self.refused = !error.heals();
                 self.lost("opening the release subscription failed");
                 Err(error)
             }

@@ -2,8 +2,11 @@
 //! injects faults on a schedule; then the checker reads the history and holds it to the
 //! promises of `testkit::safety::promises`.
 //!
-//! `safety [--quick] [--only single|sentinel|cluster|redlock3|redlock5] [--replica-acks N]
-//! [--out FILE]`, or `safety --failover-figure [--out FILE]`
+//! `safety [--quick] [--only single|sentinel|cluster|redlock3|redlock5] [--fault NAME]
+//! [--replica-acks N] [--out FILE]`
+//!
+//! `--fault NAME` runs that fault alone (its name in `testkit::safety::Fault`, any case:
+//! `--fault laggingfailover`), for looping one row., or `safety --failover-figure [--out FILE]`
 //!
 //! Each key set (fenced, unfenced) has waiting workers (`wait = 10s`) and a fail-fast one (no
 //! `wait`), counted apart: a failover the deployment recovers from inside the wait must cost the
@@ -189,6 +192,7 @@ async fn main() {
             .cloned()
     };
     let only = value_of("--only");
+    let only_fault = value_of("--fault");
     let out = value_of("--out").map(PathBuf::from);
     let replica_acks = value_of("--replica-acks");
     let baseline = replica_acks.as_deref() == Some("0");
@@ -213,12 +217,19 @@ async fn main() {
     let mut summary = String::new();
     let mut failures: Vec<String> = Vec::new();
     let mut known: Vec<String> = Vec::new();
-    for plan in plans(quick) {
+    for mut plan in plans(quick) {
         if only
             .as_deref()
             .is_some_and(|only| only != slug(plan.deployment))
         {
             continue;
+        }
+        if let Some(name) = &only_fault {
+            plan.faults
+                .retain(|fault| format!("{fault:?}").eq_ignore_ascii_case(name));
+            if plan.faults.is_empty() {
+                continue;
+            }
         }
         let started = Instant::now();
         eprintln!("==> {}: {:?}", plan.deployment, plan.faults);

@@ -451,9 +451,18 @@ impl<'e> Waiter<'e> {
         }
     }
 
-    /// Whether it listens on the queue of the key at `key` already.
-    fn listens_on(&self, key: usize) -> bool {
-        self.listened && (self.ticket.as_ref()).is_some_and(|ticket| ticket.key() == self.keys[key])
+    /// Whether it listens on the queue of the key at `key` already, and hears its releases. A
+    /// subscription lost (a failover, say) is asked for again by the first look answered after
+    /// it, rather than at the listener's next reopening, up to a second later.
+    fn listens_on(&mut self, key: usize) -> bool {
+        let Some(ticket) = self.ticket.as_ref().filter(|t| t.key() == self.keys[key]) else {
+            return false;
+        };
+        if self.listened && !ticket.hears() {
+            ticket.resubscribe();
+            self.listened = false;
+        }
+        self.listened
     }
 
     /// This client's queue of `key`: the ticket it has, or a new one in place of any other.
