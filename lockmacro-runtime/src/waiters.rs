@@ -35,8 +35,11 @@ use crate::store::{ReleaseFeed, Store, StoreError};
 use crate::sync::{Map, lock};
 
 /// The longest pause between two tries to reopen a lost subscription: once Redis is back, its
-/// waiters hear releases again within this (they look at each failed try meanwhile).
-const REOPEN_CAP: Duration = Duration::from_secs(1);
+/// waiters hear releases again within this, and every one of them looks then (one per key looks
+/// at each failed try meanwhile). A waiting caller's own look-again pause grows to a second: a
+/// free key whose waiters all paused after failed looks is found within this instead. One
+/// connection attempt per client each time: cheap beside the waiters' looks.
+const REOPEN_CAP: Duration = Duration::from_millis(250);
 
 /// The shortest pause between two tries to open the subscription, however many keys ask.
 const REOPEN_BASE: Duration = Duration::from_millis(100);
