@@ -125,6 +125,11 @@ impl LooksAgain {
         }
     }
 
+    /// The caller was woken by news during a pause: the next failure pauses as the first did.
+    pub(super) fn woken(&mut self) {
+        self.pauses.reset();
+    }
+
     /// A look was answered: the key was busy, with `Busy`'s estimate.
     pub(super) fn busy(&mut self, estimate: Option<Duration>) {
         self.busy = Some(estimate);
@@ -297,7 +302,7 @@ impl<'e> Waiter<'e> {
                 .try_acquire_keys(self.keys, &self.token, self.options, looking);
             let busy = match look.await {
                 Ok(Attempt::Taken(lease)) if lease.time_left().is_zero() => {
-                    self.late(lease, heard).await?;
+                    self.late(&lease)?;
                     continue;
                 }
                 Ok(Attempt::Taken(lease)) => return Ok(self.took(lease)),
@@ -393,20 +398,25 @@ impl<'e> Waiter<'e> {
     }
 
     /// A grant confirmed only after its lease's local deadline: its work must not start, as the
-    /// lease may have lapsed. The key is left to the caller's next look, which takes it again
-    /// with a fresh lease if it is still this caller's (same token), or to its leave if the
-    /// wait runs out first.
-    async fn late(&mut self, lease: Arc<LeaseState>, heard: u64) -> Result<(), LockError> {
+    /// lease may have lapsed. The caller gives the keys back in the background (announced, so
+    /// that nobody sleeps on a key it no longer wants) and looks again at once with a new
+    /// token, so that the give-back cannot remove what its next look takes. Each such look
+    /// costs the slow round trip that made the grant late; the call ends `Lost` if its wait ran
+    /// out.
+    fn late(&mut self, lease: &LeaseState) -> Result<(), LockError> {
         self.engine.renewals.deregister(lease.id);
-        self.stay.looks_as(&self.token);
         let lost = LockError::Lost {
             key: lease.key.clone(),
             reason: LostReason::Unconfirmed,
         };
         let key = &self.keys[0];
-        let pause =
-            (self.looks_again).pause(Healing::Late, lost, key, self.give_up, &self.prefix)?;
-        self.pause(pause, heard).await
+        (self.looks_again).pause(Healing::Late, lost, key, self.give_up, &self.prefix)?;
+        let late = std::mem::replace(&mut self.token, new_token());
+        self.stay.looks_as(&late);
+        self.stay.looks_as(&self.token);
+        self.reservation = None;
+        self.waited = Waited::Yes;
+        Ok(())
     }
 
     /// Sleeps `pause`, or less if a release of the key is heard since `heard`. A caller whose
@@ -430,11 +440,18 @@ impl<'e> Waiter<'e> {
             }
         };
         crate::sync::select! {
-            () = released => Ok(()),
+            () = released => {}
             () = self.engine.closing.cancelled() => {
-                Err(LockError::ShutDown { key: self.keys[0].clone() })
+                return Err(LockError::ShutDown { key: self.keys[0].clone() });
             }
         }
+        if Instant::now() < until {
+            // Woken by news: a look that fails now starts its pauses over, rather than
+            // doubling them for each wake-up (they would reach a second while the deployment
+            // answers again, and a free key whose release was heard before would wait that).
+            self.looks_again.woken();
+        }
+        Ok(())
     }
 
     /// Joins this client's queue of the key at `key` (leaving any other), and waits at most
