@@ -761,9 +761,12 @@ const BUSY_ONE_IN: u64 = 4;
 /// is served by a silent in-client hand-over, while the outsider, its look having carried a
 /// reservation, sleeps on); set it to 1 once that is fixed.
 const BUSY_FROM_SEED: u64 = 401;
-/// Seeds whose busy group found a defect, run beside the fixed set: 1210 starved an outsider
-/// for 5 busy turns on the code before 31f4a86 (a look straddling the starvation bound).
-const BUSY_REGRESSION_SEEDS: [u64; 1] = [1210];
+/// Seeds whose busy group found a defect since fixed, run beside the fixed set. None yet: seed
+/// 1210 found the defect 31f4a86 fixed (a look straddling the starvation bound starved an
+/// outsider for 5 busy turns) on 97c6817 with that fix reverted, and passed with it; but a
+/// seed's world follows the code, and on later code 1210's world meets the open starvation
+/// above instead. Seeds join here once that is fixed.
+const BUSY_REGRESSION_SEEDS: [u64; 0] = [];
 
 /// A busy group's calls in a world (none when it has no group): the busy client's and the
 /// other clients' callers (outsiders), all on `key`, with their clients' skews (ms): who
