@@ -48,6 +48,7 @@ macro_rules! conformance {
                 a_writer_handed_the_key_keeps_no_readers_out,
                 a_writer_that_gives_up_keeps_no_readers_out,
                 a_writers_release_wakes_every_waiting_reader,
+                a_reader_kept_out_by_a_waiting_writer_hears_its_release,
                 fair_waiters_are_served_in_arrival_order,
                 nested_kinds_reenter_or_are_refused,
                 shutdown_cancels_work_releases_leases_and_refuses_later_calls,

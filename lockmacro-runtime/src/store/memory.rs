@@ -39,7 +39,7 @@
 //! | `values.lua`: `look_at` | `Data::foreign`, `Data::live`, `Data::watched` |
 //! | … `token_of`, `parts` | `protocol::holder_token`; `Held::Exclusive`'s `waited`, `reserved` |
 //! | … `before`, `mark` | `Reserved::before`, `Held::mark` |
-//! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle` | `Data::` the same |
+//! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle`, `others_waiting` | `Data::` the same |
 //! | … the hash's expiry | `Waiters::expires`, read by `Data::waiters_of` |
 //! | `holders.lua`: `live_holders` | `Data::live` |
 //! | `PUBLISH`, `SPUBLISH` | `Data::publish` |
@@ -137,7 +137,8 @@ enum Held {
         /// The holder's value.
         value: String,
         expires: Instant,
-        /// A caller that waits found it busy (Redis's value carries the waited mark): then
+        /// A caller that waits found it busy, or others were counted waiting when it was
+        /// taken (Redis's value carries the waited mark): then
         /// its release is announced, as in Redis, even when nobody listens any more.
         waited: bool,
         /// The caller reservation it, when one waited too long: its release hands it over.
@@ -302,6 +303,14 @@ impl Data {
         waiters.expires = waiters.expires.max(Some(now + life));
     }
 
+    /// `others_waiting`: whether a caller other than `token` is counted waiting for `key` (a
+    /// lock taken on the free key is then marked); an entry that lapsed counts until the hash
+    /// goes, as in the scripts.
+    fn others_waiting(&mut self, key: &str, token: &str, now: Instant) -> bool {
+        let waiters = self.waiters_of(key, now);
+        waiters.entries.keys().any(|waiter| waiter != token)
+    }
+
     /// `forget_when_idle`: once the hash holds one field at most (the `served` field, or one
     /// caller's entry), it lives [`WAITERS_IDLE_LIFE`] more.
     fn forget_when_idle(&mut self, key: &str, now: Instant) {
@@ -424,12 +433,14 @@ impl Data {
         let watched = self.watched(key, now);
         match (request.kind, self.live(key, now)) {
             (LockKind::Exclusive, None) => {
+                // Fair waiters all look at each release: a fair holder's is announced, as a
+                // watched key's holder's, and as one taken while others are counted waiting (a
+                // reader kept out only by a writer's claim marked nothing).
+                let waited = request.fair || watched || self.others_waiting(key, token, now);
                 let held = Held::Exclusive {
                     value: request.value.to_owned(),
                     expires: lease_end,
-                    // Fair waiters all look at each release: a fair holder's is announced, as
-                    // a watched key's holder's.
-                    waited: request.fair || watched,
+                    waited,
                     reserved: None,
                 };
                 self.locks.insert(key.to_owned(), held);
@@ -574,10 +585,12 @@ impl Data {
                     *expires = now + request.ttl;
                 }
                 _ => {
+                    // Marked when watched, or when others are counted waiting for it.
+                    let waited = watched || self.others_waiting(key, token, now);
                     let held = Held::Exclusive {
                         value: request.value.to_owned(),
                         expires: now + request.ttl,
-                        waited: watched,
+                        waited,
                         reserved: None,
                     };
                     self.locks.insert(key.clone(), held);

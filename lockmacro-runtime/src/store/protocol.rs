@@ -9,8 +9,8 @@
 //!   the token (32 hex digits), when it was taken (ms since the Unix epoch, the holder's
 //!   clock), and who took it ([`Origin`]: host, process id and application name, each of
 //!   `[A-Za-z0-9._-]` only). A value of an older version is the bare token, and still reads as
-//!   a lock. Once a caller waits for it, [`WAITED_MARK`] follows, so that its release is
-//!   announced; once a caller has waited longer than [`RESERVE_AFTER`], a reservation for it
+//!   a lock. Once a caller waits for it (or when it is taken while other callers are counted
+//!   waiting for the key), [`WAITED_MARK`] follows, so that its release is announced; once a caller has waited longer than [`RESERVE_AFTER`], a reservation for it
 //!   follows the mark (`+{since_ms}/{ttl_ms}/{keys}/{its value}`, [`Reservation`]), and the
 //!   release hands the key straight to that caller instead of freeing it ([`Stored`]).
 //! - **A shared lock** (readers, permits) is a hash: field [`KIND_FIELD`] says which
