@@ -728,8 +728,11 @@ fn replay(seed: u64, coverage: &mut BTreeMap<&'static str, u64>) -> Result<Trace
 
 /// Seeds beyond CI's first 400 that once failed, each for a defect since fixed: they always run
 /// with the fixed set. 460: a reader kept out only by a waiting writer's claim was not told of
-/// that writer's release (the writer took the free key unmarked).
-const REGRESSIONS: &[u64] = &[460];
+/// that writer's release (the writer took the free key unmarked). 1620 (and 4171, 5796, 5834,
+/// 6756, 6993, 7784, 8046, 8449, which failed until the same fix): a fair waiter that gave up
+/// kept its place in the queue until the place lapsed, and the next in line slept on the free
+/// key.
+const REGRESSIONS: &[u64] = &[460, 1620, 4171, 5796, 5834, 6756, 6993, 7784, 8046, 8449];
 
 /// The seeds to run: `SIM_SEEDS` (`S` or `FROM..TO`, `TO` excluded), else CI's fixed set, 1 to
 /// 400, and the [`REGRESSIONS`] (about 7 s in a debug build).

@@ -50,6 +50,7 @@ macro_rules! conformance {
                 a_writers_release_wakes_every_waiting_reader,
                 a_reader_kept_out_by_a_waiting_writer_hears_its_release,
                 fair_waiters_are_served_in_arrival_order,
+                a_fair_waiter_that_gives_up_gives_its_place_to_the_next_at_once,
                 nested_kinds_reenter_or_are_refused,
                 shutdown_cancels_work_releases_leases_and_refuses_later_calls,
                 inspect_shows_holders_time_left_fencing_and_waiters,

@@ -844,6 +844,60 @@ pub async fn fair_waiters_are_served_in_arrival_order(deployment: &impl Deployme
     }
 }
 
+/// A fair waiter that gives up takes its place in the queue with it, and when it headed the
+/// queue on a free key the next in line is told at once. Before, its place stayed until it
+/// lapsed (its lease, 30 s here), and the next fair waiter slept on the free key (the
+/// simulator's seed 1620).
+pub async fn a_fair_waiter_that_gives_up_gives_its_place_to_the_next_at_once(
+    deployment: &impl Deployment,
+) {
+    let key = "line:given-up";
+    if !deployment.offers_fair() {
+        return;
+    }
+    let locks = deployment.client().await;
+    let fair = opts(30_000).fair(true).wait(Duration::from_secs(20));
+    // Another owner holds the key: the first waiter heads the queue, sleeping a third of its
+    // lease (10 s) at most.
+    deployment.impose(key, Duration::from_secs(30)).await;
+    let first = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.run_locked(key, fair, async {}).await }
+    });
+    parked(&locks, key, 1).await;
+    let elsewhere = deployment.another_client().await;
+    let second = tokio::spawn({
+        let elsewhere = elsewhere.clone();
+        async move {
+            elsewhere
+                .run_locked(key, fair, async { Instant::now() })
+                .await
+        }
+    });
+    parked(&elsewhere, key, 1).await;
+    // The other owner's lease lapses unannounced: the key is free, the first waiter asleep,
+    // the second kept out by the first's place.
+    deployment.impose(key, Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        !second.is_finished(),
+        "kept out while the first heads the queue"
+    );
+    // The first waiter's caller goes away: it leaves the queue, in the background.
+    first.abort();
+    let left_at = Instant::now();
+    let entered_at = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second waiter is served")
+        .unwrap()
+        .expect("the second waiter gets in");
+    let late = entered_at.saturating_duration_since(left_at);
+    assert!(
+        late < Duration::from_millis(300),
+        "the second waiter got in {late:?} after the first left the queue"
+    );
+}
+
 /// Nested calls on a held key: a writer may read (re-enters), a reader may read again, but a
 /// reader asking to write its own key is refused at once (it would wait for itself).
 pub async fn nested_kinds_reenter_or_are_refused(deployment: &impl Deployment) {

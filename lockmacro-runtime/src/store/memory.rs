@@ -865,14 +865,24 @@ fn handed(released: &str, token: &str) -> String {
 /// leave.lua, watch.lua, force_release.lua and inspect.lua.
 impl Data {
     /// leave.lua: the waiter of `token` leaves `key` without the lock: no longer counted, its
-    /// claim against new readers and its reservation taken off, and the key given back (and
-    /// announced) if a release handed it to it meanwhile.
+    /// place in a fair queue, its claim against new readers and its reservation taken off, and
+    /// the key given back (and announced) if a release handed it to it meanwhile. A fair
+    /// queue's head that leaves others behind it while no exclusive holder holds the key is
+    /// announced as "look again": the next in line may take it now.
     fn leave(&mut self, key: &str, token: &str, now: Instant) {
         self.waiters_of(key, now).entries.remove(token);
         self.forget_when_idle(key, now);
         if let Some(writers) = self.writers.get_mut(key) {
             writers.remove(token);
         }
+        // Whether it headed the queue (its place lapsed or not) with others behind it.
+        let headed = self.queues.get_mut(key).is_some_and(|queue| {
+            let headed = queue.front().is_some_and(|(queued, _)| queued == token);
+            if let Some(place) = queue.iter().position(|(queued, _)| queued == token) {
+                queue.remove(place);
+            }
+            headed && !queue.is_empty()
+        });
         match self.live(key, now) {
             Some(Held::Exclusive { value, .. }) if protocol::holds(value, token) => {
                 let value = value.clone();
@@ -884,7 +894,14 @@ impl Data {
             {
                 *reserved = None;
             }
-            _ => {}
+            // Held by another, or another application's string: nothing to tell.
+            Some(Held::Exclusive { .. }) => {}
+            Some(Held::Foreign(found)) if found != protocol::FOREIGN_HASH => {}
+            _ => {
+                if headed {
+                    self.publish(key, String::new());
+                }
+            }
         }
     }
 

@@ -20,7 +20,8 @@
 //! - **Internal names** ([`Names`]), under a namespace of their own (`lockmacro` unless the
 //!   client sets another, so an ACL can grant exactly them): the fencing counter of a key, the
 //!   channel its releases are announced on (the message is the released value, empty for "look
-//!   again": a hold kept the key, or an attempt that did not win was undone; or
+//!   again": a hold kept the key, an attempt that did not win was undone, or a fair queue's
+//!   head gave up on a key no exclusive holder holds; or
 //!   `{released value}>{token}` when the release handed the key to the waiter of that token,
 //!   [`Announcement`]), the callers waiting for it (a hash: each waiter's token, holding when
 //!   its place lapses, for counting them), a fair lock's queue and its places' expiries, and
