@@ -748,6 +748,14 @@ fn replay(seed: u64, coverage: &mut BTreeMap<&'static str, u64>) -> Result<Trace
     Ok(first)
 }
 
+/// Seeds beyond CI's first 400 that once failed, each for a defect since fixed: they always run
+/// with the fixed set. 460: a reader kept out only by a waiting writer's claim was not told of
+/// that writer's release (the writer took the free key unmarked). 1620 (and 4171, 5796, 5834,
+/// 6756, 6993, 7784, 8046, 8449, which failed until the same fix): a fair waiter that gave up
+/// kept its place in the queue until the place lapsed, and the next in line slept on the free
+/// key.
+const REGRESSIONS: &[u64] = &[460, 1620, 4171, 5796, 5834, 6756, 6993, 7784, 8046, 8449];
+
 // ---- The busy client (issue 48): a client whose tasks hand one key around inside themselves,
 // announcing nothing, beside callers of other clients that must not starve behind it. ----
 
@@ -761,12 +769,10 @@ const BUSY_ONE_IN: u64 = 4;
 /// is served by a silent in-client hand-over, while the outsider, its look having carried a
 /// reservation, sleeps on); set it to 1 once that is fixed.
 const BUSY_FROM_SEED: u64 = 401;
-/// Seeds whose busy group found a defect since fixed, run beside the fixed set. None yet: seed
-/// 1210 found the defect 31f4a86 fixed (a look straddling the starvation bound starved an
-/// outsider for 5 busy turns) on 97c6817 with that fix reverted, and passed with it; but a
-/// seed's world follows the code, and on later code 1210's world meets the open starvation
-/// above instead. Seeds join here once that is fixed.
-const BUSY_REGRESSION_SEEDS: [u64; 0] = [];
+// No busy group's seed is among the `REGRESSIONS` yet: seed 1210 found the defect 31f4a86
+// fixed (a look straddling the starvation bound starved an outsider for 5 busy turns) on
+// 97c6817 with that fix reverted, and passed with it; but a seed's world follows the code, and
+// on later code 1210's world meets the open starvation above instead.
 
 /// A busy group's calls in a world (none when it has no group): the busy client's and the
 /// other clients' callers (outsiders), all on `key`, with their clients' skews (ms): who
@@ -927,10 +933,10 @@ impl Trace {
 // ---- End of the busy client. ----
 
 /// The seeds to run: `SIM_SEEDS` (`S` or `FROM..TO`, `TO` excluded), else CI's fixed set, 1 to
-/// 400 (about 7 s in a debug build).
-fn seeds() -> std::ops::Range<u64> {
+/// 400, and the [`REGRESSIONS`] (about 7 s in a debug build).
+fn seeds() -> Vec<u64> {
     let Ok(given) = std::env::var("SIM_SEEDS") else {
-        return 1..401;
+        return (1..401).chain(REGRESSIONS.iter().copied()).collect();
     };
     let parse = |number: &str| {
         number
@@ -939,8 +945,8 @@ fn seeds() -> std::ops::Range<u64> {
             .unwrap_or_else(|_| panic!("SIM_SEEDS={given}: a seed or FROM..TO"))
     };
     match given.split_once("..") {
-        Some((from, to)) => parse(from)..parse(to),
-        None => parse(&given)..parse(&given) + 1,
+        Some((from, to)) => (parse(from)..parse(to)).collect(),
+        None => vec![parse(&given)],
     }
 }
 
@@ -950,11 +956,7 @@ fn a_seed_replays_its_trace_exactly_keeps_exclusion_and_another_seed_differs() {
     let mut hashes = HashSet::new();
     let mut busy = 0;
     let mut coverage = BTreeMap::new();
-    let regressions = match std::env::var_os("SIM_SEEDS") {
-        None => &BUSY_REGRESSION_SEEDS[..],
-        Some(_) => &[],
-    };
-    for seed in seeds().chain(regressions.iter().copied()) {
+    for seed in seeds() {
         match replay(seed, &mut coverage) {
             Ok(trace) => {
                 println!("trace {seed} {:016x}", trace.hash());

@@ -687,6 +687,55 @@ pub async fn a_writer_that_gives_up_keeps_no_readers_out(deployment: &impl Deplo
     reader.release().await.unwrap();
 }
 
+/// Readers kept out only by a waiting writer's claim mark nothing (the key is readers' or
+/// free), and the writer then takes the free key: its release must still reach them, so a key
+/// taken while others are counted waiting for it is marked. Before, they slept out their polls
+/// (up to a second each) on the free key (the simulator's seed 460).
+pub async fn a_reader_kept_out_by_a_waiting_writer_hears_its_release(deployment: &impl Deployment) {
+    let key = "shelf:claimed";
+    let locks = deployment.client().await;
+    // A reader kept by its hold: the key lapses 3 s from now, unannounced (as a dead reader's
+    // would; the reader's own release was announced before anyone waited).
+    let read = opts(30_000).read().hold_at_least(Duration::from_secs(3));
+    locks.run_locked(key, read, async {}).await.unwrap();
+    // A writer waits for it, claiming the key against new readers; once in, it leaves at once.
+    let writer = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let write = opts(30_000).write().wait(Duration::from_secs(20));
+            locks.run_locked(key, write, async {}).await?;
+            Ok::<_, LockError>(Instant::now())
+        }
+    });
+    waiters_become(&locks, key, 1).await;
+    // Readers elsewhere, kept out by the claim alone: they poll, less and less often (up to a
+    // second apart by the time the hold lapses), and nothing else wakes them.
+    let elsewhere = deployment.another_client().await;
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let elsewhere = elsewhere.clone();
+        readers.spawn(async move {
+            let read = opts(30_000).read().wait(Duration::from_secs(20));
+            elsewhere
+                .run_locked(key, read, async { Instant::now() })
+                .await
+        });
+    }
+    waiters_become(&locks, key, 4).await;
+    let released_at = writer
+        .await
+        .unwrap()
+        .expect("the writer gets in once the hold lapsed");
+    while let Some(reader) = readers.join_next().await {
+        let entered_at = reader.unwrap().expect("each reader gets in");
+        let late = entered_at.saturating_duration_since(released_at);
+        assert!(
+            late < Duration::from_millis(250),
+            "a reader got in {late:?} after the writer's release: it slept on the free key"
+        );
+    }
+}
+
 /// A writer's release wakes every waiting reader, and they then hold the key together.
 pub async fn a_writers_release_wakes_every_waiting_reader(deployment: &impl Deployment) {
     let locks = deployment.client().await;
@@ -793,6 +842,60 @@ pub async fn fair_waiters_are_served_in_arrival_order(deployment: &impl Deployme
     while let Some(waiter) = waiters.join_next().await {
         waiter.unwrap().unwrap();
     }
+}
+
+/// A fair waiter that gives up takes its place in the queue with it, and when it headed the
+/// queue on a free key the next in line is told at once. Before, its place stayed until it
+/// lapsed (its lease, 30 s here), and the next fair waiter slept on the free key (the
+/// simulator's seed 1620).
+pub async fn a_fair_waiter_that_gives_up_gives_its_place_to_the_next_at_once(
+    deployment: &impl Deployment,
+) {
+    let key = "line:given-up";
+    if !deployment.offers_fair() {
+        return;
+    }
+    let locks = deployment.client().await;
+    let fair = opts(30_000).fair(true).wait(Duration::from_secs(20));
+    // Another owner holds the key: the first waiter heads the queue, sleeping a third of its
+    // lease (10 s) at most.
+    deployment.impose(key, Duration::from_secs(30)).await;
+    let first = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.run_locked(key, fair, async {}).await }
+    });
+    parked(&locks, key, 1).await;
+    let elsewhere = deployment.another_client().await;
+    let second = tokio::spawn({
+        let elsewhere = elsewhere.clone();
+        async move {
+            elsewhere
+                .run_locked(key, fair, async { Instant::now() })
+                .await
+        }
+    });
+    parked(&elsewhere, key, 1).await;
+    // The other owner's lease lapses unannounced: the key is free, the first waiter asleep,
+    // the second kept out by the first's place.
+    deployment.impose(key, Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        !second.is_finished(),
+        "kept out while the first heads the queue"
+    );
+    // The first waiter's caller goes away: it leaves the queue, in the background.
+    first.abort();
+    let left_at = Instant::now();
+    let entered_at = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second waiter is served")
+        .unwrap()
+        .expect("the second waiter gets in");
+    let late = entered_at.saturating_duration_since(left_at);
+    assert!(
+        late < Duration::from_millis(300),
+        "the second waiter got in {late:?} after the first left the queue"
+    );
 }
 
 /// Nested calls on a held key: a writer may read (re-enters), a reader may read again, but a

@@ -39,7 +39,7 @@
 //! | `values.lua`: `look_at` | `Data::foreign`, `Data::live`, `Data::watched` |
 //! | … `token_of`, `parts` | `protocol::holder_token`; `Held::Exclusive`'s `waited`, `reserved` |
 //! | … `before`, `mark` | `Reserved::before`, `Held::mark` |
-//! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle` | `Data::` the same |
+//! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle`, `others_waiting` | `Data::` the same |
 //! | … the hash's expiry | `Waiters::expires`, read by `Data::waiters_of` |
 //! | `holders.lua`: `live_holders` | `Data::live` |
 //! | `PUBLISH`, `SPUBLISH` | `Data::publish` |
@@ -137,7 +137,8 @@ enum Held {
         /// The holder's value.
         value: String,
         expires: Instant,
-        /// A caller that waits found it busy (Redis's value carries the waited mark): then
+        /// A caller that waits found it busy, or others were counted waiting when it was
+        /// taken (Redis's value carries the waited mark): then
         /// its release is announced, as in Redis, even when nobody listens any more.
         waited: bool,
         /// The caller reservation it, when one waited too long: its release hands it over.
@@ -302,6 +303,14 @@ impl Data {
         waiters.expires = waiters.expires.max(Some(now + life));
     }
 
+    /// `others_waiting`: whether a caller other than `token` is counted waiting for `key` (a
+    /// lock taken on the free key is then marked); an entry that lapsed counts until the hash
+    /// goes, as in the scripts.
+    fn others_waiting(&mut self, key: &str, token: &str, now: Instant) -> bool {
+        let waiters = self.waiters_of(key, now);
+        waiters.entries.keys().any(|waiter| waiter != token)
+    }
+
     /// `forget_when_idle`: once the hash holds one field at most (the `served` field, or one
     /// caller's entry), it lives [`WAITERS_IDLE_LIFE`] more.
     fn forget_when_idle(&mut self, key: &str, now: Instant) {
@@ -424,12 +433,14 @@ impl Data {
         let watched = self.watched(key, now);
         match (request.kind, self.live(key, now)) {
             (LockKind::Exclusive, None) => {
+                // Fair waiters all look at each release: a fair holder's is announced, as a
+                // watched key's holder's, and as one taken while others are counted waiting (a
+                // reader kept out only by a writer's claim marked nothing).
+                let waited = request.fair || watched || self.others_waiting(key, token, now);
                 let held = Held::Exclusive {
                     value: request.value.to_owned(),
                     expires: lease_end,
-                    // Fair waiters all look at each release: a fair holder's is announced, as
-                    // a watched key's holder's.
-                    waited: request.fair || watched,
+                    waited,
                     reserved: None,
                 };
                 self.locks.insert(key.to_owned(), held);
@@ -574,10 +585,12 @@ impl Data {
                     *expires = now + request.ttl;
                 }
                 _ => {
+                    // Marked when watched, or when others are counted waiting for it.
+                    let waited = watched || self.others_waiting(key, token, now);
                     let held = Held::Exclusive {
                         value: request.value.to_owned(),
                         expires: now + request.ttl,
-                        waited: watched,
+                        waited,
                         reserved: None,
                     };
                     self.locks.insert(key.clone(), held);
@@ -852,14 +865,24 @@ fn handed(released: &str, token: &str) -> String {
 /// leave.lua, watch.lua, force_release.lua and inspect.lua.
 impl Data {
     /// leave.lua: the waiter of `token` leaves `key` without the lock: no longer counted, its
-    /// claim against new readers and its reservation taken off, and the key given back (and
-    /// announced) if a release handed it to it meanwhile.
+    /// place in a fair queue, its claim against new readers and its reservation taken off, and
+    /// the key given back (and announced) if a release handed it to it meanwhile. A fair
+    /// queue's head that leaves others behind it while no exclusive holder holds the key is
+    /// announced as "look again": the next in line may take it now.
     fn leave(&mut self, key: &str, token: &str, now: Instant) {
         self.waiters_of(key, now).entries.remove(token);
         self.forget_when_idle(key, now);
         if let Some(writers) = self.writers.get_mut(key) {
             writers.remove(token);
         }
+        // Whether it headed the queue (its place lapsed or not) with others behind it.
+        let headed = self.queues.get_mut(key).is_some_and(|queue| {
+            let headed = queue.front().is_some_and(|(queued, _)| queued == token);
+            if let Some(place) = queue.iter().position(|(queued, _)| queued == token) {
+                queue.remove(place);
+            }
+            headed && !queue.is_empty()
+        });
         match self.live(key, now) {
             Some(Held::Exclusive { value, .. }) if protocol::holds(value, token) => {
                 let value = value.clone();
@@ -871,7 +894,14 @@ impl Data {
             {
                 *reserved = None;
             }
-            _ => {}
+            // Held by another, or another application's string: nothing to tell.
+            Some(Held::Exclusive { .. }) => {}
+            Some(Held::Foreign(found)) if found != protocol::FOREIGN_HASH => {}
+            _ => {
+                if headed {
+                    self.publish(key, String::new());
+                }
+            }
         }
     }
 

@@ -94,9 +94,11 @@ pub(crate) trait Store: Send + Sync + 'static {
         None
     }
 
-    /// The waiter of `token` leaves `key` without the lock: it is no longer counted, its
-    /// reservation of the key is taken off, and a key already handed to it is given back and
-    /// announced (see `scripts/leave.lua`).
+    /// The waiter of `token` leaves `key` without the lock: it is no longer counted, its place
+    /// in a fair queue, its claim against new readers and its reservation of the key are taken
+    /// off, a key already handed to it is given back and announced, and a fair queue's head
+    /// leaving a key no exclusive holder holds tells the next in line (see
+    /// `scripts/leave.lua`).
     fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A subscription to release announcements, for waiters.

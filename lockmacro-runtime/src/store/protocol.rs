@@ -9,8 +9,8 @@
 //!   the token (32 hex digits), when it was taken (ms since the Unix epoch, the holder's
 //!   clock), and who took it ([`Origin`]: host, process id and application name, each of
 //!   `[A-Za-z0-9._-]` only). A value of an older version is the bare token, and still reads as
-//!   a lock. Once a caller waits for it, [`WAITED_MARK`] follows, so that its release is
-//!   announced; once a caller has waited longer than [`RESERVE_AFTER`], a reservation for it
+//!   a lock. Once a caller waits for it (or when it is taken while other callers are counted
+//!   waiting for the key), [`WAITED_MARK`] follows, so that its release is announced; once a caller has waited longer than [`RESERVE_AFTER`], a reservation for it
 //!   follows the mark (`+{since_ms}/{ttl_ms}/{keys}/{its value}`, [`Reservation`]), and the
 //!   release hands the key straight to that caller instead of freeing it ([`Stored`]).
 //! - **A shared lock** (readers, permits) is a hash: field [`KIND_FIELD`] says which
@@ -20,7 +20,8 @@
 //! - **Internal names** ([`Names`]), under a namespace of their own (`lockmacro` unless the
 //!   client sets another, so an ACL can grant exactly them): the fencing counter of a key, the
 //!   channel its releases are announced on (the message is the released value, empty for "look
-//!   again": a hold kept the key, or an attempt that did not win was undone; or
+//!   again": a hold kept the key, an attempt that did not win was undone, or a fair queue's
+//!   head gave up on a key no exclusive holder holds; or
 //!   `{released value}>{token}` when the release handed the key to the waiter of that token,
 //!   [`Announcement`]), the callers waiting for it (a hash: each waiter's token, holding when
 //!   its place lapses, for counting them), a fair lock's queue and its places' expiries, and

@@ -433,24 +433,34 @@ pub(crate) fn hand_over(
 }
 
 /// The leave script: the waiter of `token` on `key` leaves without the lock (see leave.lua);
-/// `[waiters, writers]` as for [`hand_over`].
+/// `[waiters, writers, queue, queue_expiry]` name the callers waiting for the key, the writers
+/// among them that keep new readers out, and the fair queue with its places' expiries.
 pub(crate) fn leave(
     key: &str,
     channel: &str,
-    [waiters, writers]: &[String; 2],
+    [waiters, writers, queue, queue_expiry]: &[String; 4],
     token: &str,
     announce: Announce,
 ) -> redis::Cmd {
     let mut cmd = evalsha(
         &LEAVE,
-        4,
         6,
-        key.len() + channel.len() + waiters.len() + writers.len() + token.len() + 8,
+        8,
+        key.len()
+            + channel.len()
+            + waiters.len()
+            + writers.len()
+            + queue.len()
+            + queue_expiry.len()
+            + token.len()
+            + 8,
     );
     cmd.arg(key)
         .arg(channel)
         .arg(waiters)
         .arg(writers)
+        .arg(queue)
+        .arg(queue_expiry)
         .arg(token);
     cmd.arg(match announce {
         Announce::Publish => "",

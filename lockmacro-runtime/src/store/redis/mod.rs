@@ -149,13 +149,25 @@ impl Layout {
         }
     }
 
-    /// Where a waiter's stay on `key` is kept, for the scripts that end it (leave.lua,
-    /// hand_over.lua): the callers waiting for the key, and the writers among them that keep
-    /// new readers out.
+    /// Where a waiter's stay on `key` is kept, for the scripts that end it (hand_over.lua, and
+    /// leave.lua through [`leaving`](Self::leaving)): the callers waiting for the key, and the
+    /// writers among them that keep new readers out.
     fn waiting(self, names: &Names, key: &str) -> Result<[String; 2], LockError> {
         Ok([
             self.beside(key, |key| names.waiters(key))?,
             self.beside(key, |key| names.writers(key))?,
+        ])
+    }
+
+    /// Where a waiter's every trace on `key` is kept, for leave.lua: [`waiting`](Self::waiting)'s
+    /// names, then the fair queue and its places' expiries.
+    fn leaving(self, names: &Names, key: &str) -> Result<[String; 4], LockError> {
+        let [waiters, writers] = self.waiting(names, key)?;
+        Ok([
+            waiters,
+            writers,
+            self.beside(key, |key| names.queue(key))?,
+            self.beside(key, |key| names.queue_expiry(key))?,
         ])
     }
 
@@ -1094,8 +1106,8 @@ impl<T: Transport> Store for RedisStore<T> {
         Box::pin(async move {
             let names = &self.settings().names;
             let channel = T::LAYOUT.release_channel(names, key)?;
-            let waiting = T::LAYOUT.waiting(names, key)?;
-            let cmd = scripts::leave(key, &channel, &waiting, token, T::LAYOUT.announce());
+            let leaving = T::LAYOUT.leaving(names, key)?;
+            let cmd = scripts::leave(key, &channel, &leaving, token, T::LAYOUT.announce());
             self.run_script(key, &cmd).await.map(drop)
         })
     }

@@ -14,7 +14,8 @@
 -- protocol::RESERVE_AFTER, '' before.
 --
 -- An exclusive lock is a string: its holder's value, then '+' once a caller that waits found it
--- busy, so that its release announces itself (one nobody waits for announces nothing), then the
+-- busy, or when it was taken while another caller is counted waiting for the key, so that its
+-- release announces itself (one nobody waits for announces nothing), then the
 -- reservation for a caller that waited too long, if any: the release hands the key to that
 -- caller. Readers and permit holders share a hash: field `kind` says which ('read' or 'permits:N'), and each
 -- holder has a field of its own, its value, holding its own expiry (ms, server clock), so each
@@ -103,8 +104,10 @@ end
 if kind == 'x' then
   if ktype == 'none' then
     -- Fair waiters all look at each release: a fair holder's is always announced, as a
-    -- watched key's holder's.
-    redis.call('SET', key, (fair or watched) and (value .. '+') or value, 'PX', ttl)
+    -- watched key's holder's, and as one taken while others are counted waiting (a reader
+    -- kept out only by a writer's claim marked nothing, and must hear this writer's release).
+    local marked = fair or watched or others_waiting(KEYS[6], token)
+    redis.call('SET', key, marked and (value .. '+') or value, 'PX', ttl)
   elseif ktype == 'string' and token_of(stored) == token then
     -- Ours already: a call retried after it ran, or the key handed to this waiter by a
     -- release. It takes this attempt's value and the ttl from now; a waiter's mark and a

@@ -8,7 +8,8 @@
 --
 -- Each key is taken as acquire.lua takes an exclusive lock: a string holding the value. A key
 -- that holds our token already (marked or not) is a call retried after it ran, or a key handed
--- to this caller by a release: it takes this attempt's value and the ttl. A caller that waits
+-- to this caller by a release: it takes this attempt's value and the ttl. A free key taken while
+-- another caller is counted waiting for it is marked, as acquire.lua marks it. A caller that waits
 -- marks every key held by another, so that their releases are announced, and is counted as
 -- waiting for every key; once it has waited too long it reserves them (a release of all of them
 -- at once hands them over). Anything but a lock under one of the keys is left as it is.
@@ -57,7 +58,9 @@ for i = 1, n do
   if stored[i] then
     local _, after = parts(stored[i])
     if after then taken = value .. '+' .. after end
-  elseif watched[i] then
+  elseif watched[i] or others_waiting(KEYS[n + i], token) then
+    -- A watched key, or one others are counted waiting for (some kept out by what bears no
+    -- mark, see acquire.lua): its release is announced.
     taken = value .. '+'
   end
   redis.call('SET', KEYS[i], taken, 'PX', ttl)

@@ -10,6 +10,16 @@ local function count_waiter(waiters, token, now, life)
   if redis.call('PTTL', waiters) < life then redis.call('PEXPIRE', waiters, life) end
 end
 
+-- Whether a caller other than `token` is counted in `waiters`: a lock taken on a free key is
+-- then marked, so that its release is announced to callers kept out by something that bears no
+-- mark (a writer's claim against new readers, a fair queue's head). An entry may have lapsed:
+-- marking for it costs one announcement, nothing more.
+local function others_waiting(waiters, token)
+  local fields = redis.call('HLEN', waiters)
+  if fields == 0 then return false end
+  return fields - redis.call('HEXISTS', waiters, 'served') - redis.call('HEXISTS', waiters, token) > 0
+end
+
 -- Once nobody is counted any more, the hash (its `served` field) lives one more second: a
 -- burst of waiters that follows at once finds how fast the last one was served; a key nobody
 -- waits for leaves nothing behind.
