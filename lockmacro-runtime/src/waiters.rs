@@ -750,6 +750,13 @@ impl Listener {
                 }
             }
             Command::Unwatch(key) => {
+                if lock(&self.keys).contains_key(&key) {
+                    // Waiters came back to the key since the last one left (their `Watch` is
+                    // behind this command, or was answered already: an earlier `Watch`, or an
+                    // `open`, subscribed it and marked them heard): unsubscribing now would
+                    // leave them deaf, their `Watch` finding them heard.
+                    return;
+                }
                 if let Some(feed) = self.feed.as_mut()
                     && let Err(error) = feed.unwatch(&key).await
                 {

@@ -753,8 +753,12 @@ fn replay(seed: u64, coverage: &mut BTreeMap<&'static str, u64>) -> Result<Trace
 /// that writer's release (the writer took the free key unmarked). 1620 (and 4171, 5796, 5834,
 /// 6756, 6993, 7784, 8046, 8449, which failed until the same fix): a fair waiter that gave up
 /// kept its place in the queue until the place lapsed, and the next in line slept on the free
-/// key.
-const REGRESSIONS: &[u64] = &[460, 1620, 4171, 5796, 5834, 6756, 6993, 7784, 8046, 8449];
+/// key. 6781: a client's subscription task unsubscribed a key its waiters had come back to (a
+/// stale `Unwatch`, queued behind a slow opening that had marked them heard), and they slept on
+/// the free key deaf to its releases.
+const REGRESSIONS: &[u64] = &[
+    460, 1620, 4171, 5796, 5834, 6756, 6781, 6993, 7784, 8046, 8449,
+];
 
 // ---- The busy client (issue 48): a client whose tasks hand one key around inside themselves,
 // announcing nothing, beside callers of other clients that must not starve behind it. ----
