@@ -755,9 +755,9 @@ fn replay(seed: u64, coverage: &mut BTreeMap<&'static str, u64>) -> Result<Trace
 /// kept its place in the queue until the place lapsed, and the next in line slept on the free
 /// key. 6781: a client's subscription task unsubscribed a key its waiters had come back to (a
 /// stale `Unwatch`, queued behind a slow opening that had marked them heard), and they slept on
-/// the free key deaf to its releases.
+/// the free key deaf to its releases. 1050, 1210 and 1646: see [`BUSY_FROM_SEED`].
 const REGRESSIONS: &[u64] = &[
-    460, 1620, 4171, 5796, 5834, 6756, 6781, 6993, 7784, 8046, 8449,
+    460, 1050, 1210, 1620, 1646, 4171, 5796, 5834, 6756, 6781, 6993, 7784, 8046, 8449,
 ];
 
 // ---- The busy client (issue 48): a client whose tasks hand one key around inside themselves,
@@ -767,16 +767,16 @@ const REGRESSIONS: &[u64] = &[
 const BUSY: u64 = 4;
 /// One seed in this many has a busy group.
 const BUSY_ONE_IN: u64 = 4;
-/// The first seed that may have a busy group. CI's fixed set (1 to 400) has none yet: on
-/// today's code busy groups find outsiders starved with the fix present (seeds 235, 288, 311,
-/// 319, 636, 1012, …: a busy call that reserved first displaces the outsider's reservation and
-/// is served by a silent in-client hand-over, while the outsider, its look having carried a
-/// reservation, sleeps on); set it to 1 once that is fixed.
+/// The first seed that may have a busy group. CI's fixed set (1 to 400) has none yet: with
+/// busy groups from seed 1, seed 235 finds an outsider starved, as 621, 1141, 1575, 1622 and
+/// 1815 do above it. A reservation lives in its holder's value, and a key that frees itself
+/// without a release (its hold_at_least ran out, its last reader's lease ended) loses it: the
+/// free key goes to whoever looks first, often the busy client. Set it to 1 once that is fixed.
 const BUSY_FROM_SEED: u64 = 401;
-// No busy group's seed is among the `REGRESSIONS` yet: seed 1210 found the defect 31f4a86
-// fixed (a look straddling the starvation bound starved an outsider for 5 busy turns) on
-// 97c6817 with that fix reverted, and passed with it; but a seed's world follows the code, and
-// on later code 1210's world meets the open starvation above instead.
+// Seed 1210 found the defect 31f4a86 fixed (a look straddling the starvation bound starved an
+// outsider for 5 busy turns) on 97c6817 with that fix reverted. 1050 and 1646: a caller of
+// several keys that began waiting earlier displaced an outsider's reservation of one key, and
+// only a release of all its keys would have served it; a caller of one key goes first now.
 
 /// A busy group's calls in a world (none when it has no group): the busy client's and the
 /// other clients' callers (outsiders), all on `key`, with their clients' skews (ms): who

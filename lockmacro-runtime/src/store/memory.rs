@@ -175,11 +175,14 @@ impl Reserved {
         })
     }
 
-    /// As values.lua's `before`: whether it goes before `other`, having begun waiting earlier
-    /// (ties: the smaller token).
+    /// As values.lua's `before`: whether it goes before `other`, being of this key alone while
+    /// `other` is of several, or else having begun waiting earlier (ties: the smaller token).
     fn before(&self, other: &Self) -> bool {
-        (self.since_ms, protocol::holder_token(&self.value))
-            < (other.since_ms, protocol::holder_token(&other.value))
+        self.rank() < other.rank()
+    }
+
+    fn rank(&self) -> (bool, u64, &str) {
+        (self.keys != 1, self.since_ms, self.token())
     }
 
     fn token(&self) -> &str {

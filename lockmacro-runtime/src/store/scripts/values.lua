@@ -50,11 +50,15 @@ local function parts(v)
   return string.sub(v, 1, at - 1), string.sub(v, at + 1)
 end
 
--- Whether reservation `a` goes before `b`: it began waiting earlier (ties: the smaller token).
+-- Whether reservation `a` goes before `b`: a caller of this key alone goes before a caller of
+-- several keys, since only the first is served by this key's release (a release of all of the
+-- other's keys at once is rare, and would leave a caller of one key passed over meanwhile);
+-- then the one that began waiting earlier (ties: the smaller token).
 local function before(a, b)
-  local a_since, a_token = string.match(a, '^(%d+)/%d+/%d+/([^;]*)')
-  local b_since, b_token = string.match(b, '^(%d+)/%d+/%d+/([^;]*)')
+  local a_since, a_keys, a_token = string.match(a, '^(%d+)/%d+/(%d+)/([^;]*)')
+  local b_since, b_keys, b_token = string.match(b, '^(%d+)/%d+/(%d+)/([^;]*)')
   if not b_since then return true end
+  if (a_keys == '1') ~= (b_keys == '1') then return a_keys == '1' end
   a_since, b_since = tonumber(a_since), tonumber(b_since)
   if a_since ~= b_since then return a_since < b_since end
   return a_token < b_token
