@@ -9,9 +9,12 @@
 //! inside `MULTI` between two `TIME`s, and the node runs it at the first. What a script computes
 //! from the clock may then differ by the few µs between them (a millisecond boundary crossed),
 //! so clock readings and times derived from them (a fencing token from the clock, an expiry, a
-//! `PTTL`) are compared within [`SLACK_MS`]; flags, counts, values and messages exactly. Nothing
-//! is let race an expiry: a step waits until no deadline of the keyspace is near, and a step that
-//! ran near one anyway ends its history there (counted, not failed).
+//! `PTTL`) are compared within a slack: a few ms, plus twice the longest a step of the history
+//! took from the `TIME` read before it to the one after (the server may take its time from any
+//! moment between; a loaded machine widens it). Flags, counts, values and messages are compared
+//! exactly. Nothing is let race an expiry: a step waits until no deadline of the keyspace is
+//! within the slack, and a step that ran near one anyway ends its history there (counted, not
+//! failed), as does a step slower than [`SLOWEST_STEP_MS`].
 //!
 //! `LOCKMACRO_SIM_REDIS_HISTORIES=n` runs more histories; `LOCKMACRO_SIM_REDIS_SEED=s` runs the
 //! one history of seed `s` (a failure names it).
@@ -27,12 +30,13 @@ use redis::Value;
 use testkit::RedisServer;
 
 /// Histories run by default: a few seconds in all.
-const HISTORIES: u64 = 40;
+const HISTORIES: u64 = 24;
 const STEPS: usize = 40;
-/// How far a clock-derived number may be from the server's (ms; µs for a fencing token).
-const SLACK_MS: i64 = 5;
-/// No step runs this close to a deadline of the keyspace (ms).
-const NEAR_MS: u64 = 25;
+/// How far a clock-derived number may be from the server's (ms; µs for a fencing token), plus
+/// twice the longest step.
+const SLACK_MS: i64 = 3;
+/// A step that took longer than this (ms) cannot be judged against a clock.
+const SLOWEST_STEP_MS: i64 = 25;
 const KEYS: usize = 3;
 const TOKENS: usize = 4;
 /// The time a lease's value says it was acquired at: given by the caller, the same on both.
@@ -64,7 +68,7 @@ enum Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Compare {
     Exact,
-    /// The first `exact` elements exactly, numbers after them within [`SLACK_MS`] (times).
+    /// The first `exact` elements exactly, numbers after them within the slack (times).
     Timed {
         exact: usize,
     },
@@ -295,7 +299,7 @@ fn history(seed: u64) -> Vec<Step> {
                 },
                 compare: Compare::Exact,
             },
-            92..=97 => Step::Advance(Duration::from_millis(draw.between(5, 150))),
+            92..=97 => Step::Advance(Duration::from_millis(draw.between(5, 80))),
             98 if draw.percent(25) => Step::Restart,
             _ => Step::LoadScripts,
         };
@@ -465,7 +469,7 @@ fn bytes(value: &Value) -> Vec<u8> {
 const DUMP: &str = r#"
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local out = {}
+local out = {time[1], time[2]}
 for _, key in ipairs(redis.call('KEYS', '*')) do
   local kind = redis.call('TYPE', key)['ok']
   local value
@@ -484,11 +488,13 @@ return out
 /// A keyspace as both sides are compared: key → (type, expiry ms, contents as text).
 type Keyspace = BTreeMap<String, (String, Option<i64>, Vec<String>)>;
 
-fn real_keyspace(wire: &mut Wire) -> Keyspace {
-    let Value::Array(entries) = wire.call(&strings(&["EVAL", DUMP, "0"])) else {
+/// The real server's keyspace, and when it was read (µs).
+fn real_keyspace(wire: &mut Wire) -> (Keyspace, u64) {
+    let Value::Array(mut entries) = wire.call(&strings(&["EVAL", DUMP, "0"])) else {
         panic!("the dump script failed");
     };
-    entries
+    let read_at = micros(&Value::Array(entries.drain(..2).collect()));
+    let keyspace = entries
         .into_iter()
         .map(|entry| {
             let Value::Array(parts) = entry else {
@@ -512,7 +518,8 @@ fn real_keyspace(wire: &mut Wire) -> Keyspace {
             let expires = text(&parts[2]).parse().ok();
             (text(&parts[0]), (kind, expires, contents))
         })
-        .collect()
+        .collect();
+    (keyspace, read_at)
 }
 
 fn node_keyspace(node: &Node) -> Keyspace {
@@ -551,93 +558,112 @@ fn sorted_pairs(flat: Vec<String>) -> Vec<String> {
     pairs.into_iter().flat_map(|(f, v)| [f, v]).collect()
 }
 
-/// Whether two numbers read from a clock (or counted from one) agree: ms, or µs from 10^14 on.
-fn close(a: i64, b: i64) -> bool {
-    let slack = if a.max(b) >= 100_000_000_000_000 {
-        SLACK_MS * 1000
-    } else {
-        SLACK_MS
-    };
-    a == b || (a >= 0 && b >= 0 && (a - b).abs() <= slack)
+/// Judges the node against the server within a history's slack for clock readings.
+struct Judge {
+    /// [`SLACK_MS`] plus twice the longest step so far.
+    slack_ms: i64,
 }
 
-/// Two texts that agree, their numbers (`;`-separated fields) within the slack when `timed`.
-fn texts_agree(a: &str, b: &str, timed: bool) -> bool {
-    if !timed {
-        return a == b;
+impl Judge {
+    /// Takes in how long a step ran on the server, from the `TIME` before it to the one after
+    /// (µs); `false` when too long to judge.
+    fn step_took(&mut self, from: u64, to: u64) -> bool {
+        let took = to.saturating_sub(from).div_ceil(1000) as i64;
+        self.slack_ms = self.slack_ms.max(SLACK_MS + 2 * took);
+        took <= SLOWEST_STEP_MS
     }
-    let (a, b): (Vec<&str>, Vec<&str>) = (a.split(';').collect(), b.split(';').collect());
-    a.len() == b.len()
-        && a.iter().zip(&b).all(|(x, y)| match (x.parse(), y.parse()) {
-            (Ok(x), Ok(y)) => close(x, y),
-            _ => x == y,
-        })
-}
 
-fn replies_agree(real: &Value, simulated: &Value, compare: Compare) -> bool {
-    let timed = |depth_exact: bool| !depth_exact && matches!(compare, Compare::Timed { .. });
-    match (real, simulated, compare) {
-        (Value::Array(a), Value::Array(b), Compare::Timed { exact }) => {
-            a.len() == b.len()
-                && a.iter().zip(b).enumerate().all(|(at, (a, b))| {
-                    let compare = if at < exact {
-                        Compare::Exact
-                    } else {
-                        Compare::Timed { exact: 0 }
+    /// Whether two numbers read from a clock (or counted from one) agree: ms, or µs from 10^14 on.
+    fn close(&self, a: i64, b: i64) -> bool {
+        let slack = if a.max(b) >= 100_000_000_000_000 {
+            self.slack_ms * 1000
+        } else {
+            self.slack_ms
+        };
+        a == b || (a >= 0 && b >= 0 && (a - b).abs() <= slack)
+    }
+
+    /// Two texts that agree, their numbers (`;`-separated fields) within the slack when `timed`.
+    fn texts_agree(&self, a: &str, b: &str, timed: bool) -> bool {
+        if !timed {
+            return a == b;
+        }
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split(';').collect(), b.split(';').collect());
+        a.len() == b.len()
+            && a.iter().zip(&b).all(|(x, y)| match (x.parse(), y.parse()) {
+                (Ok(x), Ok(y)) => self.close(x, y),
+                _ => x == y,
+            })
+    }
+
+    fn replies_agree(&self, real: &Value, simulated: &Value, compare: Compare) -> bool {
+        let timed = |depth_exact: bool| !depth_exact && matches!(compare, Compare::Timed { .. });
+        match (real, simulated, compare) {
+            (Value::Array(a), Value::Array(b), Compare::Timed { exact }) => {
+                a.len() == b.len()
+                    && a.iter().zip(b).enumerate().all(|(at, (a, b))| {
+                        let compare = if at < exact {
+                            Compare::Exact
+                        } else {
+                            Compare::Timed { exact: 0 }
+                        };
+                        self.replies_agree(a, b, compare)
+                    })
+            }
+            (Value::Int(a), Value::Int(b), _) => a == b || (timed(false) && self.close(*a, *b)),
+            (Value::BulkString(a), Value::BulkString(b), _) => self.texts_agree(
+                &String::from_utf8_lossy(a),
+                &String::from_utf8_lossy(b),
+                timed(false),
+            ),
+            // Errors by their code: messages differ in details (a script's name and line).
+            (Value::ServerError(a), Value::ServerError(b), _) => a.code() == b.code(),
+            (Value::Array(a), Value::Array(b), Compare::Exact) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(a, b)| self.replies_agree(a, b, compare))
+            }
+            _ => real == simulated,
+        }
+    }
+
+    /// Where two keyspaces differ, if they do.
+    fn keyspace_difference(&self, real: &Keyspace, simulated: &Keyspace) -> Option<String> {
+        let names: Vec<&String> = real.keys().chain(simulated.keys()).collect();
+        for key in names {
+            let (Some(a), Some(b)) = (real.get(key), simulated.get(key)) else {
+                return Some(format!(
+                    "key {key}: real {:?}, simulated {:?}",
+                    real.get(key),
+                    simulated.get(key)
+                ));
+            };
+            let expiries = match (a.1, b.1) {
+                (None, None) => true,
+                (Some(x), Some(y)) => (x - y).abs() <= self.slack_ms,
+                _ => false,
+            };
+            // Times are in a fencing counter, a shared lock's and a waiters' hash fields, a queue's
+            // places and a sorted set's scores: never in a lock's string or a hash's `kind`.
+            let timed_string = key.starts_with("fence:");
+            let contents = a.0 == b.0
+                && a.2.len() == b.2.len()
+                && a.2.iter().zip(&b.2).enumerate().all(|(at, (x, y))| {
+                    let timed = match a.0.as_str() {
+                        "string" => timed_string,
+                        "hash" => at % 2 == 1 && a.2[at - 1] != "kind",
+                        "zset" => at % 2 == 1,
+                        _ => false,
                     };
-                    replies_agree(a, b, compare)
-                })
+                    self.texts_agree(x, y, timed)
+                });
+            if !(expiries && contents) {
+                return Some(format!("key {key}: real {a:?}, simulated {b:?}"));
+            }
         }
-        (Value::Int(a), Value::Int(b), _) => a == b || (timed(false) && close(*a, *b)),
-        (Value::BulkString(a), Value::BulkString(b), _) => texts_agree(
-            &String::from_utf8_lossy(a),
-            &String::from_utf8_lossy(b),
-            timed(false),
-        ),
-        // Errors by their code: messages differ in details (a script's name and line).
-        (Value::ServerError(a), Value::ServerError(b), _) => a.code() == b.code(),
-        (Value::Array(a), Value::Array(b), Compare::Exact) => {
-            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| replies_agree(a, b, compare))
-        }
-        _ => real == simulated,
+        None
     }
-}
-
-/// Where two keyspaces differ, if they do.
-fn keyspace_difference(real: &Keyspace, simulated: &Keyspace) -> Option<String> {
-    let names: Vec<&String> = real.keys().chain(simulated.keys()).collect();
-    for key in names {
-        let (Some(a), Some(b)) = (real.get(key), simulated.get(key)) else {
-            return Some(format!(
-                "key {key}: real {:?}, simulated {:?}",
-                real.get(key),
-                simulated.get(key)
-            ));
-        };
-        let expiries = match (a.1, b.1) {
-            (None, None) => true,
-            (Some(x), Some(y)) => (x - y).abs() <= SLACK_MS,
-            _ => false,
-        };
-        // Times are in a fencing counter, a shared lock's and a waiters' hash fields, a queue's
-        // places and a sorted set's scores: never in a lock's string or a hash's `kind`.
-        let timed_string = key.starts_with("fence:");
-        let contents = a.0 == b.0
-            && a.2.len() == b.2.len()
-            && a.2.iter().zip(&b.2).enumerate().all(|(at, (x, y))| {
-                let timed = match a.0.as_str() {
-                    "string" => timed_string,
-                    "hash" => at % 2 == 1 && a.2[at - 1] != "kind",
-                    "zset" => at % 2 == 1,
-                    _ => false,
-                };
-                texts_agree(x, y, timed)
-            });
-        if !(expiries && contents) {
-            return Some(format!("key {key}: real {a:?}, simulated {b:?}"));
-        }
-    }
-    None
 }
 
 /// The deadlines of `keyspace` (ms): expiries, and the times stored in hashes and sorted sets
@@ -661,6 +687,39 @@ fn deadlines(keyspace: &Keyspace) -> Vec<i64> {
     found
 }
 
+/// Waits until no deadline of the node's keyspace is near the server's clock: those deadlines,
+/// and the server's clock then (µs).
+fn off_deadlines(wire: &mut Wire, node: &Node, judge: &Judge) -> (Vec<i64>, u64) {
+    let near_ms = judge.slack_ms.unsigned_abs() + 10;
+    let near = deadlines(&node_keyspace(node));
+    let started = Instant::now();
+    loop {
+        let now_us = wire.now_micros();
+        let now = (now_us / 1000) as i64;
+        let Some(next) = near
+            .iter()
+            .filter(|at| (**at - now).unsigned_abs() <= near_ms)
+            .max()
+        else {
+            return (near, now_us);
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "deadlines keep coming"
+        );
+        let past = (next - now + near_ms as i64 + 1).max(1) as u64;
+        std::thread::sleep(Duration::from_millis(past));
+    }
+}
+
+/// Whether a deadline fell within the slack of `from..=to` (µs): too near to judge.
+fn near_any(deadlines: &[i64], from: u64, to: u64, judge: &Judge) -> bool {
+    let (from, to) = ((from / 1000) as i64, (to / 1000) as i64);
+    deadlines
+        .iter()
+        .any(|at| *at >= from - judge.slack_ms && *at <= to + judge.slack_ms)
+}
+
 /// How a history ended.
 enum Ended {
     Whole,
@@ -675,6 +734,7 @@ fn run(server: &mut RedisServer, seed: u64) -> Ended {
     let mut wire = Wire::open(server);
     assert_eq!(wire.call(&strings(&["FLUSHALL"])), Value::Okay);
     let mut listener = Listener::open(server, &mut node);
+    let mut judge = Judge { slack_ms: SLACK_MS };
     let scripts: BTreeMap<&str, &str> = store_scripts().into_iter().collect();
     let sha = |name: &str| redis::Script::new(scripts[name]).get_hash().to_owned();
     let fail = |at: usize, what: String| -> ! {
@@ -735,35 +795,14 @@ fn run(server: &mut RedisServer, seed: u64) -> Ended {
             Step::Script { compare, .. } | Step::Command { compare, .. } => *compare,
             _ => unreachable!("the others went on above"),
         };
-        // Never on a deadline: wait until the keyspace has none near.
-        let near = deadlines(&node_keyspace(&node));
-        let started = Instant::now();
-        loop {
-            let now = (wire.now_micros() / 1000) as i64;
-            let Some(next) = near
-                .iter()
-                .filter(|at| (**at - now).unsigned_abs() <= NEAR_MS)
-                .max()
-            else {
-                break;
-            };
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "deadlines keep coming"
-            );
-            std::thread::sleep(Duration::from_millis(
-                (next - now + NEAR_MS as i64 + 1).max(1) as u64,
-            ));
-        }
+        let (near, before) = off_deadlines(&mut wire, &node, &judge);
         let (real, from, to) = wire.timed(&args);
-        if near.iter().any(|at| {
-            *at >= (from / 1000) as i64 - SLACK_MS && *at <= (to / 1000) as i64 + SLACK_MS
-        }) {
+        if !judge.step_took(before, to) || near_any(&near, before, to, &judge) {
             return Ended::CutShort;
         }
         node.set_clock(from);
         let simulated = node.command(&args);
-        if !replies_agree(&real, &simulated, compare) {
+        if !judge.replies_agree(&real, &simulated, compare) {
             fail(
                 at,
                 format!("replies differ: real {real:?}, simulated {simulated:?}"),
@@ -777,9 +816,14 @@ fn run(server: &mut RedisServer, seed: u64) -> Ended {
                 format!("published: real {heard:?}, simulated {published:?}"),
             );
         }
-        if let Some(difference) =
-            keyspace_difference(&real_keyspace(&mut wire), &node_keyspace(&node))
-        {
+        // The keyspace read off deadlines too, the node's clock at the read.
+        let (near, _) = off_deadlines(&mut wire, &node, &judge);
+        let (real, read_at) = real_keyspace(&mut wire);
+        if near_any(&near, read_at, read_at, &judge) {
+            return Ended::CutShort;
+        }
+        node.set_clock(read_at);
+        if let Some(difference) = judge.keyspace_difference(&real, &node_keyspace(&node)) {
             fail(at, difference);
         }
     }
