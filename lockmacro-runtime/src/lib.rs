@@ -124,6 +124,7 @@ pub mod __private;
 #[doc(hidden)]
 pub mod __sim {
     pub use crate::sim::net::{Link, Network};
+    pub use crate::sim::redis as redis_node;
     pub use crate::sim::{Backing, Stream, draw, run, sometimes, stream, take_coverage};
 
     /// A new in-memory store, for [`LockClient::simulated`](crate::LockClient::simulated).

@@ -29,6 +29,7 @@ use crate::store::Store;
 use crate::store::memory::{MemoryHooks, MemoryStore};
 
 pub(crate) mod net;
+pub mod redis;
 
 /// What a simulated client runs over ([`LockClient::simulated`](crate::LockClient::simulated)):
 /// an in-memory store itself, or a [`net::Link`] of the simulated network to one.

@@ -29,7 +29,7 @@ pub(crate) mod memory;
 pub mod protocol;
 mod redis;
 mod redlock;
-mod scripts;
+pub(crate) mod scripts;
 mod tls;
 
 pub(crate) use deployment::Deployment;
