@@ -22,6 +22,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/ensure-redis-server.sh
 echo "==> using $("${REDIS_SERVER_BIN:-redis-server}" --version)"
 
-# The runner starts its workers from its own directory: build both, then run it.
-cargo build --bin safety --bin safety_worker
-exec cargo run --quiet --bin safety -- "$@"
+# The runner starts its workers from its own directory: build both, then run it. They are built
+# as the tests build them (the whole workspace, every feature, dev-dependencies' features too):
+# after `scripts/test.sh` this builds nothing, where `cargo build --bin safety` resolved other
+# features and built every dependency again (about 3.5 min on 2 loaded cores). An integration
+# test brings its package's binaries; `testkit_selftest` is the smallest.
+cargo test --workspace --all-features --no-run --test testkit_selftest
+exec "${CARGO_TARGET_DIR:-target}/debug/safety" "$@"

@@ -17,7 +17,7 @@ status=0
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --all-features --no-fail-fast "$@" || status=$?
     # nextest does not run doctests.
-    echo "==> doctests"
+    echo "==> doctests (at $SECONDS s)"
     cargo test --workspace --all-features --doc || status=$?
 else
     echo "==> cargo-nextest not installed; falling back to cargo test" >&2

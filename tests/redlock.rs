@@ -9,7 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use lockmacro_runtime::{LockClient, LockContext, LockError, LockOptions, protocol, redis_lock};
+use lockmacro_runtime::{
+    Lease, LockClient, LockContext, LockError, LockOptions, protocol, redis_lock,
+};
 use testkit::{Deployment, RedisServer, Redlock};
 use tokio::time::Instant;
 
@@ -26,6 +28,12 @@ async fn client(quorum: &Redlock) -> LockClient {
 fn opts(ttl_ms: u64) -> LockOptions {
     LockOptions::new().ttl(Duration::from_millis(ttl_ms))
 }
+
+/// The ttl of a lease renewed while only a bare majority of its masters answers: each renewal
+/// then needs every one of them to answer within the client's 300 ms response timeout. A lease
+/// of 600 or 900 ms (renewed at its third, so two tries before it lapses) lapsed now and then
+/// beside a CPU hog; 3 s leaves several tries. A lease spreads at its next renewal, 1 s on.
+const BARE_MAJORITY_TTL_MS: u64 = 3_000;
 
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     redis::from_redis_value(server.command(&["GET", key])).unwrap()
@@ -56,15 +64,18 @@ async fn one_or_two_frozen_masters_cost_nothing() {
         let renewals = locks
             .run_locked(
                 format!("frozen:{frozen}"),
-                opts(600).unlimited_renewals(),
+                // Two frozen leave a bare majority: see `BARE_MAJORITY_TTL_MS`. Renewed about
+                // every 500 ms, four times in the hold.
+                opts(1_500).unlimited_renewals(),
                 async {
-                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
                     LockContext::current().unwrap().renewals()
                 },
             )
             .await
             .unwrap_or_else(|err| panic!("{frozen} frozen: {err}"));
-        assert!(renewals >= 3, "{frozen} frozen: {renewals} renewals");
+        eprintln!("{frozen} frozen of 5: {renewals} renewals in 2.5 s");
+        assert!(renewals >= 2, "{frozen} frozen: {renewals} renewals");
         for server in &quorum.servers[frozen..] {
             assert_eq!(value(server, &format!("frozen:{frozen}")), None, "released");
         }
@@ -421,18 +432,31 @@ async fn fair_is_refused_from_the_attribute_and_programmatically() {
     }
 }
 
-/// Waits (polling the servers, bounded) until every master of `quorum` holds `token` under
-/// `key`: a lease spreading is the watchdog's doing, in the background.
-async fn spread_to_all(quorum: &Redlock, key: &str, token: &str, within: Duration) {
-    let deadline = Instant::now() + within;
+/// Waits (polling the servers, bounded) until every master of `quorum` holds `lease` under its
+/// key, and returns how long that took: a lease spreading is the watchdog's doing, in the
+/// background, at the lease's next renewal. A failure says what became of the lease, so a lease
+/// that lapsed (its renewals failed) is told from one that never spread.
+async fn spread_to_all(quorum: &Redlock, lease: &Lease, within: Duration) -> Duration {
+    let started = Instant::now();
     loop {
-        let held: Vec<Option<String>> = quorum.servers.iter().map(|s| holder(s, key)).collect();
-        if held.iter().all(|held| held.as_deref() == Some(token)) {
-            return;
+        let held: Vec<Option<String>> = quorum
+            .servers
+            .iter()
+            .map(|s| holder(s, lease.key()))
+            .collect();
+        if held
+            .iter()
+            .all(|held| held.as_deref() == Some(lease.token()))
+        {
+            return started.elapsed();
         }
         assert!(
-            Instant::now() < deadline,
-            "the lease did not spread to every master: {held:?}"
+            started.elapsed() < within,
+            "the lease did not spread to every master within {within:?}: {held:?}; the lease: \
+             lost {}, {} renewals, {:?} left",
+            lease.is_lost(),
+            lease.renewals(),
+            lease.time_left(),
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -477,17 +501,15 @@ async fn a_silent_master_costs_the_build_and_the_acquires_nothing() {
     assert!(took[59] < Duration::from_secs(1), "{:?}", took[59]);
 
     let lease = locks
-        .acquire("silent:spread", opts(600).unlimited_renewals())
+        .acquire(
+            "silent:spread",
+            opts(BARE_MAJORITY_TTL_MS).unlimited_renewals(),
+        )
         .await
         .unwrap();
     quorum.servers[2].resume();
-    spread_to_all(
-        &quorum,
-        "silent:spread",
-        lease.token(),
-        Duration::from_secs(10),
-    )
-    .await;
+    let spread = spread_to_all(&quorum, &lease, Duration::from_secs(10)).await;
+    eprintln!("the lease spread to the master that answers again in {spread:?}");
     lease.release().await.unwrap();
 }
 
@@ -499,7 +521,7 @@ async fn a_lease_taken_on_a_bare_majority_spreads_to_a_master_that_comes_back() 
     let locks = client(&quorum).await;
     quorum.servers[2].kill();
     let lease = locks
-        .acquire("spread:1", opts(900).unlimited_renewals())
+        .acquire("spread:1", opts(BARE_MAJORITY_TTL_MS).unlimited_renewals())
         .await
         .unwrap();
     assert_eq!(
@@ -507,7 +529,8 @@ async fn a_lease_taken_on_a_bare_majority_spreads_to_a_master_that_comes_back() 
         Some(lease.token())
     );
     quorum.servers[2].restart();
-    spread_to_all(&quorum, "spread:1", lease.token(), Duration::from_secs(10)).await;
+    let spread = spread_to_all(&quorum, &lease, Duration::from_secs(10)).await;
+    eprintln!("the lease spread to the restarted master in {spread:?}");
     lease.release().await.unwrap();
     for server in &quorum.servers {
         assert_eq!(value(server, "spread:1"), None, "released everywhere");
@@ -581,16 +604,20 @@ async fn restarting_a_master_of_a_bare_majority_lease_lets_no_one_else_in() {
     let (holder_client, other) = (client(&quorum).await, client(&quorum).await);
     quorum.servers[2].kill();
     let lease = holder_client
-        .acquire("bare:1", opts(900).unlimited_renewals())
+        .acquire("bare:1", opts(BARE_MAJORITY_TTL_MS).unlimited_renewals())
         .await
         .unwrap();
     quorum.servers[2].restart();
-    spread_to_all(&quorum, "bare:1", lease.token(), Duration::from_secs(10)).await;
+    let spread = spread_to_all(&quorum, &lease, Duration::from_secs(10)).await;
     quorum.servers[0].restart();
     // The other client's connections to the restarted masters broke: its first attempts may
     // find no majority answering, until they reconnect. Never may it take the lock.
     busy_for_another_client(&other, "bare:1", opts(5_000), 1).await;
-    spread_to_all(&quorum, "bare:1", lease.token(), Duration::from_secs(10)).await;
+    let spread_again = spread_to_all(&quorum, &lease, Duration::from_secs(10)).await;
+    eprintln!(
+        "the lease spread to the master back empty in {spread:?}, \
+         to the one restarted under it in {spread_again:?} more"
+    );
     let outcome = lease.run(async {}).await;
     assert!(outcome.is_ok(), "{outcome:?}");
     lease.release().await.unwrap();
@@ -627,17 +654,38 @@ async fn many_callers_at_once_leave_no_key_on_any_master() {
     }
     // A take answered after the release is given back in the background, at once; a key left
     // would stay for its 30 s ttl.
-    let left_on_a_master = |caller: usize| {
-        let key = format!("crowd:{caller}");
-        quorum
-            .servers
-            .iter()
-            .any(|server| value(server, &key).is_some())
+    let keys: Vec<String> = (0..256).map(|caller| format!("crowd:{caller}")).collect();
+    let left_behind = || {
+        let mut left = Vec::new();
+        for (master, server) in quorum.servers.iter().enumerate() {
+            let mut mget = vec!["MGET"];
+            mget.extend(keys.iter().map(String::as_str));
+            let values: Vec<Option<String>> =
+                redis::from_redis_value(server.command(&mget)).unwrap();
+            for (key, value) in keys.iter().zip(values) {
+                if let Some(value) = value {
+                    let ttl: i64 = redis::from_redis_value(server.command(&["PTTL", key])).unwrap();
+                    left.push(format!("{key} on master {master} ({ttl} ms left): {value}"));
+                }
+            }
+        }
+        left
     };
-    common::eventually(
-        Duration::from_secs(5),
-        "no key left on any master",
-        || async { !(0..256).any(left_on_a_master) },
-    )
-    .await;
+    let started = Instant::now();
+    loop {
+        let left = left_behind();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{} keys left on a master after 5 s: {left:#?}",
+            left.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "the last key left masters {:?} after the callers were done",
+        started.elapsed()
+    );
 }
