@@ -2,7 +2,7 @@
 //! refuses, the exact message and where it points (`ui/fail/*.stderr`).
 //!
 //! Compiler output drifts between releases, so this runs on the toolchain the `.stderr` files
-//! were written with. Regenerate with `TRYBUILD=overwrite cargo test --test ui`, then review.
+//! were written with. Regenerate with `TRYBUILD=overwrite cargo test -p lockmacro --test ui`, then review.
 
 #[rustversion::attr(
     not(stable(1.95)),
