@@ -433,10 +433,16 @@ async fn a_lease_taken_away_counts_as_lost() {
         matches!(outcome, Err(LockError::Lost { .. })),
         "{outcome:?}"
     );
-    let lost = [("prefix", "taken"), ("result", "lost")];
-    assert_eq!(recorded.counter("lockmacro_renewals_total", &lost), 1);
+    // Every loss ends its hold as `lost`. The renewal that finds it counts a `lost` renewal;
+    // the client's release subscription, when it opens after the key was taken, may find it
+    // first (it looks at every lease's key), and a look is not a renewal: under a CPU hog it
+    // opened late and did, once.
     let ended = [("prefix", "taken"), ("end", "lost")];
     assert_eq!(recorded.samples("lockmacro_held_seconds", &ended).len(), 1);
+    let lost = [("prefix", "taken"), ("result", "lost")];
+    assert!(recorded.counter("lockmacro_renewals_total", &lost) <= 1);
+    let failed = [("prefix", "taken"), ("result", "failed")];
+    assert_eq!(recorded.counter("lockmacro_renewals_total", &failed), 0);
     drop(lease);
     assert_eq!(
         get(&server, "taken:1").await.as_deref(),
