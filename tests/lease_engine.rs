@@ -55,9 +55,14 @@ async fn paused_redis_stops_the_body_at_its_local_deadline() {
         .await
         .unwrap();
     let stopped_after = dropped_at - paused_at;
+    eprintln!("the body stopped {stopped_after:?} after the pause");
+    // The deadline is at most the 1 s lease after the pause; the bound leaves a loaded machine
+    // its timer's lateness (1.15 s was once missed by 0.4 ms beside a CPU hog) and still tells a
+    // body stopped by its deadline from one stopped by Redis: the pause lasts 4 s, a reply's
+    // timeout 5 s.
     assert!(
-        stopped_after <= Duration::from_millis(1_150),
-        "body must stop by its local deadline (≤ 1 s after the pause), stopped after {stopped_after:?}"
+        stopped_after <= Duration::from_millis(2_500),
+        "body must stop by its local deadline (1 s after the pause, at most), stopped after {stopped_after:?}"
     );
     let outcome = holder.await.unwrap();
     assert!(
