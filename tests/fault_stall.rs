@@ -72,8 +72,11 @@ async fn holder_outlived_by_a_stall(stall: Stall) {
         matches!(outcome, Err(LockError::Lost { ref key, reason: LostReason::Unconfirmed }) if key == "stall:1"),
         "{stall:?}: {outcome:?}"
     );
+    // The bound leaves a loaded machine's timers a second; a holder stopped by Redis's answer
+    // would stop after the 2.5 s stall.
+    eprintln!("{stall:?}: the holder stopped {stopped_after:?} after the stall began");
     assert!(
-        stopped_after <= TTL + Duration::from_millis(150),
+        stopped_after <= TTL + Duration::from_secs(1),
         "{stall:?}: the holder's work must stop by its local deadline (≤ ttl after the stall began), stopped after {stopped_after:?}"
     );
 
@@ -164,7 +167,7 @@ async fn a_lease_lost_to_a_frozen_redis_costs_no_more_than_the_lease() {
         "{outcome:?}"
     );
     assert!(
-        returned_after < TTL + Duration::from_millis(800),
+        returned_after < TTL + Duration::from_millis(1_500),
         "the call returned {returned_after:?} after it began, past its {TTL:?} lease"
     );
 
@@ -181,7 +184,7 @@ async fn a_lease_lost_to_a_frozen_redis_costs_no_more_than_the_lease() {
     let released_in = releasing.elapsed();
     server.resume();
     assert!(
-        released_in < Duration::from_millis(200),
+        released_in < Duration::from_millis(700),
         "the release waited {released_in:?} on a frozen server"
     );
     eprintln!(
