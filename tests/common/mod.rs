@@ -401,14 +401,16 @@ fn info(server: &RedisServer, section: &str) -> String {
 /// Takes, renews, waits for and releases a lock over the client, checking Redis directly.
 pub async fn lock_round_trip(locks: &LockClient, server: &RedisServer, namespace: &str, key: &str) {
     let renewals = locks
-        .run_locked(key, opts(150).unlimited_renewals().fencing(true), async {
+        // A 600 ms lease renewed over 1.4 s: a 150 ms one was lost once, unconfirmed, beside a
+        // CPU hog (its renewals came too late), which tells nothing of TLS.
+        .run_locked(key, opts(600).unlimited_renewals().fencing(true), async {
             let lock = LockContext::current().unwrap();
             assert_eq!(
                 holder(server, key).await.as_deref(),
                 Some(lock.token()),
                 "the lock is in Redis"
             );
-            tokio::time::sleep(Duration::from_millis(350)).await;
+            tokio::time::sleep(Duration::from_millis(1_400)).await;
             lock.renewals()
         })
         .await
