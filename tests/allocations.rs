@@ -4,7 +4,7 @@
 //! not measurements.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockmacro_runtime::{LockClient, LockOptions};
@@ -15,10 +15,44 @@ struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
+/// The sizes of the first allocations after [`record_sizes`], up to 64 of them.
+static SIZES: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+static RECORDED: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+fn note(layout: Layout) {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    let at = RECORDED.load(Ordering::Relaxed);
+    if at < SIZES.len()
+        && RECORDED
+            .compare_exchange(at, at + 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        SIZES[at].store(layout.size(), Ordering::Relaxed);
+    }
+}
+
+/// Starts recording the sizes of allocations.
+fn record_sizes() {
+    RECORDED.store(0, Ordering::Relaxed);
+}
+
+/// The sizes recorded since [`record_sizes`], largest first; stops recording.
+fn recorded_sizes() -> Vec<usize> {
+    let recorded = RECORDED
+        .swap(usize::MAX, Ordering::Relaxed)
+        .min(SIZES.len());
+    let mut sizes: Vec<usize> = SIZES[..recorded]
+        .iter()
+        .map(|size| size.load(Ordering::Relaxed))
+        .collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes
+}
+
 // SAFETY: every call is passed on to the system allocator unchanged.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        note(layout);
         // SAFETY: as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -29,13 +63,13 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        note(layout);
         // SAFETY: as the caller's.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        note(Layout::from_size_align(new_size, layout.align()).unwrap_or(layout));
         // SAFETY: as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -69,6 +103,12 @@ async fn redlock_cycle_allocations() {
             .await
             .unwrap();
     }
+    // The sizes of one acquire's allocations (the largest is the acquire's boxed future).
+    record_sizes();
+    let lease = locks.acquire(key, options.clone()).await.unwrap();
+    let sizes = recorded_sizes();
+    lease.release().await.unwrap();
+    eprintln!("one Redlock acquire allocated (bytes, largest first): {sizes:?}");
     const CYCLES: u64 = 2_000;
     let (mut acquiring, mut cycling) = (0, 0);
     for _ in 0..CYCLES {
