@@ -96,7 +96,7 @@ async fn redlock_cycle_allocations() {
     let key = "alloc:redlock";
     for _ in 0..200 {
         locks
-            .acquire(key, options.clone())
+            .acquire(key, options)
             .await
             .unwrap()
             .release()
@@ -105,14 +105,13 @@ async fn redlock_cycle_allocations() {
     }
     // The sizes of one acquire's allocations (the largest is the acquire's boxed future).
     record_sizes();
-    let lease = locks.acquire(key, options.clone()).await.unwrap();
+    let lease = locks.acquire(key, options).await.unwrap();
     let sizes = recorded_sizes();
     lease.release().await.unwrap();
     eprintln!("one Redlock acquire allocated (bytes, largest first): {sizes:?}");
     const CYCLES: u64 = 2_000;
     let (mut acquiring, mut cycling) = (0, 0);
     for _ in 0..CYCLES {
-        let options = options.clone();
         let before = allocations();
         let lease = locks.acquire(key, options).await.unwrap();
         let acquired = allocations();

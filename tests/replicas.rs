@@ -430,7 +430,7 @@ async fn info_calls_while_held(server: &RedisServer, held: Duration) -> u64 {
         .ttl(Duration::from_secs(3))
         .unlimited_renewals();
     locks
-        .run_locked("acks:recount:warm", options.clone(), async {})
+        .run_locked("acks:recount:warm", options, async {})
         .await
         .unwrap();
     server.command(&["CONFIG", "RESETSTAT"]);
