@@ -397,3 +397,86 @@ async fn a_cluster_masters_replicas_are_counted_once_for_all_its_slots() {
         slots.len()
     );
 }
+
+/// `field` of `server`'s `INFO replication`.
+fn replication_field(server: &RedisServer, field: &str) -> String {
+    let info = match server.command(&["INFO", "replication"]) {
+        redis::Value::BulkString(info) => String::from_utf8_lossy(&info).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO replication answered {other:?}"),
+    };
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no `{field}` in {info}"))
+        .trim()
+        .to_owned()
+}
+
+/// Waits (up to 20 s) until `server`'s `INFO replication` says `field` is `value`.
+fn wait_for_replication(server: &RedisServer, field: &str, value: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while replication_field(server, field) != value {
+        assert!(Instant::now() < deadline, "`{field}` never became {value}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `INFO` calls `server` served while a client of it held one renewing lease (3 s ttl,
+/// renewed every second or so) for `held`: the client's counts of the master's replicas (the
+/// client's build and first lock are over before the count starts; its connection is open).
+async fn info_calls_while_held(server: &RedisServer, held: Duration) -> u64 {
+    let locks = LockClient::builder(&server.url()).build().await.unwrap();
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .unlimited_renewals();
+    locks
+        .run_locked("acks:recount:warm", options, async {})
+        .await
+        .unwrap();
+    server.command(&["CONFIG", "RESETSTAT"]);
+    let renewed = locks
+        .run_locked("acks:recount", options, tokio::time::sleep(held))
+        .await;
+    renewed.unwrap();
+    // The `INFO commandstats` that reads it is not counted in its own answer.
+    common::command_calls(server, "info")
+}
+
+/// A master without replicas is counted at most every 5 s while the client asks for one (the
+/// default), not after every renewal; a master that lost its replica (`repl_backlog_active:1`:
+/// it has had one) still every second, so a replica coming back counts soon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_never_had_a_replica_is_counted_every_5_s_at_most() {
+    let held = Duration::from_secs(12);
+    let never = RedisServer::start();
+    assert_eq!(replication_field(&never, "repl_backlog_active"), "0");
+    // A master whose replica left: the replica is promoted away (`REPLICAOF NO ONE`).
+    let lost = RedisServer::start();
+    let replica = RedisServer::start();
+    replica.command(&["REPLICAOF", "127.0.0.1", &lost.port().to_string()]);
+    wait_for_replication(&replica, "master_link_status", "up");
+    wait_for_replication(&lost, "repl_backlog_active", "1");
+    replica.command(&["REPLICAOF", "NO", "ONE"]);
+    wait_for_replication(&lost, "connected_slaves", "0");
+
+    let (never_calls, lost_calls) = tokio::join!(
+        info_calls_while_held(&never, held),
+        info_calls_while_held(&lost, held)
+    );
+    // One count per 5 s started, and one more for a renewal late at the boundary.
+    let at_most = held.as_secs().div_ceil(5) + 1;
+    eprintln!(
+        "INFO calls while a lease was held {held:?}: {never_calls} on a master that never had a \
+         replica (at most {at_most}), {lost_calls} on one that lost its replica"
+    );
+    assert!(
+        never_calls <= at_most,
+        "{never_calls} INFO in {held:?} on a master without replicas (at most {at_most})"
+    );
+    // Counted every second while renewals run (one every 1 s or so): well over a count per 5 s,
+    // however late the renewals.
+    assert!(
+        lost_calls > at_most,
+        "{lost_calls} INFO in {held:?} on a master that lost its replica (more than {at_most})"
+    );
+}

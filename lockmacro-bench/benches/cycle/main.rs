@@ -26,6 +26,12 @@
 //! of a cycle: the difference between two counts over the difference of their cycles. A child is
 //! `--cycle-child <system> <url> <tasks>`; a cluster child's `<url>` is its seed nodes' URLs
 //! joined by commas, a Redlock child's its masters' URLs.
+//!
+//! `CYCLE_BEFORE=<path>` names an older build of this bench (its binary, e.g. a copy of
+//! `target/release/deps/cycle-…` built at an older commit): each lockmacro system then runs
+//! from it too, as `<system> (before)` right after the current one in every repetition, against
+//! the same servers, and a second table gives now ÷ before for each, paired by repetition. The
+//! older build must know the system (`--cycle-child` as above).
 
 #[allow(dead_code)]
 #[path = "../lock_bench/floor.rs"]
@@ -74,6 +80,8 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 const FLOOR_TIMEOUT: &str = "CYCLE_FLOOR_TIMEOUT";
 /// Cycles per task instead of a timed run (no warm-up), for counting instructions per cycle.
 const COUNT: &str = "CYCLE_COUNT";
+/// An older build of this bench whose lockmacro systems run beside the current ones.
+const BEFORE: &str = "CYCLE_BEFORE";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -131,6 +139,17 @@ fn main() {
         .collect::<Vec<_>>()
         .join(",");
     let perf = std::env::var("CYCLE_PERF").ok();
+    let exe = std::env::current_exe().expect("this binary");
+    let before = std::env::var_os(BEFORE).map(std::path::PathBuf::from);
+    if let Some(before) = &before {
+        assert!(
+            before.is_file(),
+            "{BEFORE}: no file at {}",
+            before.display()
+        );
+    }
+    // Now ÷ before, per workload and system: printed after the table.
+    let mut versus: Vec<String> = Vec::new();
     println!(
         "| workload | system | cycles/s | client CPU per cycle | Redis CPU per cycle | cycles/s ÷ its floor | client CPU ÷ its floor | Redis CPU ÷ its floor |\n|---|---|---:|---:|---:|---:|---:|---:|"
     );
@@ -140,15 +159,30 @@ fn main() {
             Deployment::Cluster => (CLUSTER_SYSTEMS, seeds.clone()),
             Deployment::Redlock => (REDLOCK_SYSTEMS, masters.clone()),
         };
-        let mut runs: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); systems.len()];
+        // What runs, in this order in every repetition: (row, binary, system, the row it is
+        // the older build of). The floor first; with `CYCLE_BEFORE`, each lockmacro system's
+        // older build right after it.
+        let mut rows: Vec<(String, &std::path::Path, &str, Option<usize>)> = Vec::new();
+        for (i, system) in systems.iter().enumerate() {
+            rows.push((system.to_string(), &exe, system, None));
+            if let Some(before) = before.as_deref().filter(|_| i > 0) {
+                rows.push((
+                    format!("{system} (before)"),
+                    before,
+                    system,
+                    Some(rows.len() - 1),
+                ));
+            }
+        }
+        let mut runs: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); rows.len()];
         for rep in 0..reps {
-            for (i, system) in systems.iter().enumerate() {
-                let exe = std::env::current_exe().expect("this binary");
+            for (i, (row, exe, system, _)) in rows.iter().enumerate() {
                 let mut command = match (&perf, rep) {
                     (Some(dir), 0) => {
                         let mut perf = Command::new("perf");
+                        let name = row.replace(" (before)", "-before");
                         perf.args(["record", "-g", "-q", "-o"])
-                            .arg(format!("{dir}/{system}-{tasks}.data"))
+                            .arg(format!("{dir}/{name}-{tasks}.data"))
                             .arg(exe);
                         perf
                     }
@@ -165,7 +199,13 @@ fn main() {
                 let line = stdout
                     .lines()
                     .find_map(|line| line.strip_prefix(RESULT))
-                    .unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&output.stderr)));
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{row} ({}) gave no result: {}",
+                            exe.display(),
+                            String::from_utf8_lossy(&output.stderr)
+                        )
+                    });
                 let mut figures = line.split(' ').map(|f| f.parse::<f64>().unwrap());
                 let mut figure = || figures.next().unwrap();
                 runs[i].push((figure(), figure(), figure()));
@@ -176,17 +216,28 @@ fn main() {
             let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             format!("{:.2} ({lo:.2}–{hi:.2})", median(values.iter().copied()))
         };
-        for (i, system) in systems.iter().enumerate() {
+        // Each repetition's figures of row `i` over row `of`'s.
+        let paired = |i: usize, of: usize, f: fn(&(f64, f64, f64)) -> f64| -> Vec<f64> {
+            runs[i]
+                .iter()
+                .zip(&runs[of])
+                .map(|(o, b)| f(o) / f(b))
+                .collect()
+        };
+        for (i, (system, _, _, before_of)) in rows.iter().enumerate() {
             let cps: Vec<f64> = runs[i].iter().map(|r| r.0).collect();
             let cpu: Vec<f64> = runs[i].iter().map(|r| r.1).collect();
             let redis_cpu: Vec<f64> = runs[i].iter().map(|r| r.2).collect();
-            let ratio = |f: fn(&(f64, f64, f64)) -> f64| -> Vec<f64> {
-                runs[i]
-                    .iter()
-                    .zip(&runs[0])
-                    .map(|(o, b)| f(o) / f(b))
-                    .collect()
-            };
+            let ratio = |f: fn(&(f64, f64, f64)) -> f64| paired(i, 0, f);
+            if let Some(now) = *before_of {
+                versus.push(format!(
+                    "| {workload} | {} | {}× | {}× | {}× |",
+                    rows[now].0,
+                    spread(&paired(now, i, |r| r.0)),
+                    spread(&paired(now, i, |r| r.1)),
+                    spread(&paired(now, i, |r| r.2)),
+                ));
+            }
             println!(
                 "| {workload} | {system} | {:.0} | {} µs | {} µs | {}× | {}× | {}× |",
                 median(cps.iter().copied()),
@@ -196,6 +247,15 @@ fn main() {
                 spread(&ratio(|r| r.1)),
                 spread(&ratio(|r| r.2)),
             );
+        }
+    }
+    if let Some(before) = &before {
+        println!(
+            "\nNow ÷ before ({}), paired by repetition: median (range)\n\n| workload | system | cycles/s | client CPU per cycle | Redis CPU per cycle |\n|---|---|---:|---:|---:|",
+            before.display()
+        );
+        for line in &versus {
+            println!("{line}");
         }
     }
     println!(

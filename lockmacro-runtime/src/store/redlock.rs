@@ -84,8 +84,34 @@ struct Path {
     out: Vec<AtomicBool>,
 }
 
-/// The masters' answers to one attempt, by master index, as they come.
-type Answers = Arc<Mutex<Vec<(usize, Result<AcquiredMany, StoreError>)>>>;
+/// The masters' answers to one attempt: a slot per master, filled when it answers. One
+/// allocation per attempt, shared with the background task that handles late answers.
+type Answers = Arc<[Mutex<Option<Result<AcquiredMany, StoreError>>>]>;
+
+/// A set of masters, by index: a bit each for the first 64 (no allocation), a flag each on the
+/// heap beyond.
+struct MasterSet {
+    low: u64,
+    high: Box<[bool]>,
+}
+
+impl MasterSet {
+    /// The masters `0..n` for which `member` says so.
+    fn of(n: usize, member: impl Fn(usize) -> bool) -> Self {
+        let low = (0..n.min(64))
+            .filter(|&index| member(index))
+            .fold(0, |low, index| low | 1 << index);
+        let high = (64..n).map(member).collect();
+        Self { low, high }
+    }
+
+    fn contains(&self, index: usize) -> bool {
+        match index.checked_sub(64) {
+            None => self.low & 1 << index != 0,
+            Some(high) => self.high.get(high).copied().unwrap_or(false),
+        }
+    }
+}
 
 impl RedlockStore {
     /// A quorum over `masters`; refuses anything but an odd number, at least 3.
@@ -214,13 +240,10 @@ impl RedlockStore {
         // taken on a bare majority before: its take does not count toward this one's majority
         // (it still takes the key, so a lease taken now is there too). The Redlock paper's
         // delayed restart, kept by the clients.
-        let restarted: Vec<bool> = self
-            .masters
-            .iter()
-            .map(|master| master.restarted_within(ttl))
-            .collect();
+        let masters = self.masters.len();
+        let restarted = MasterSet::of(masters, |index| self.masters[index].restarted_within(ttl));
         let started = Instant::now();
-        let answers: Answers = Arc::default();
+        let answers: Answers = (0..masters).map(|_| Mutex::new(None)).collect();
         let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
             let asked = self
                 .in_path(index)
@@ -231,13 +254,13 @@ impl RedlockStore {
                     Some(asked) => asked.await,
                     None => Err(out_of_path()),
                 };
-                lock(&answers).push((index, answer));
+                *lock(&answers[index]) = Some(answer);
             }
         }));
         let mut all_answered = false;
         std::future::poll_fn(|cx| {
             all_answered = pending.poll_unpin(cx).is_ready();
-            match all_answered || settled(&lock(&answers), &restarted, quorum) {
+            match all_answered || settled(&answers, &restarted, quorum) {
                 true => Poll::Ready(()),
                 false => Poll::Pending,
             }
@@ -252,49 +275,59 @@ impl RedlockStore {
                 .is_ok();
         }
         let elapsed = started.elapsed();
-        let answered = lock(&answers).clone();
-        for (index, answer) in &answered {
-            self.note(*index, answer);
-        }
-        // Every master that took it, and those whose take counts (see `restarted`).
-        let took = answered
-            .iter()
-            .filter(|(_, answer)| matches!(answer, Ok(AcquiredMany::Taken)))
-            .count();
-        let taken: Vec<usize> = answered
-            .iter()
-            .filter(|(index, answer)| {
-                matches!(answer, Ok(AcquiredMany::Taken)) && !restarted[*index]
-            })
-            .map(|(index, _)| *index)
-            .collect();
-        let busy: Vec<(usize, BusyAnswer)> = answered
-            .iter()
-            .filter_map(|(index, answer)| match answer {
+        // The answers so far, read where they lie (the pending futures run only when polled
+        // here, or in the background below: none lands meanwhile). Every master that took it,
+        // and those whose take counts (see `restarted`); the busy ones; something that is no
+        // lock, the first master's to say so.
+        let (mut took, mut taken) = (0, 0);
+        let mut busy: Vec<(usize, BusyAnswer)> = Vec::new();
+        let mut not_a_lock = None;
+        for (index, slot) in answers.iter().enumerate() {
+            let slot = lock(slot);
+            let Some(answer) = slot.as_ref() else {
+                continue;
+            };
+            self.note(index, answer);
+            match answer {
+                Ok(AcquiredMany::Taken) => {
+                    took += 1;
+                    taken += usize::from(!restarted.contains(index));
+                }
                 Ok(AcquiredMany::Busy {
                     key,
                     remaining,
                     estimate,
-                }) => Some((*index, (*key, *remaining, *estimate))),
-                _ => None,
-            })
-            .collect();
+                }) => busy.push((index, (*key, *remaining, *estimate))),
+                Err(StoreError::Unusable(error))
+                    if not_a_lock.is_none() && matches!(**error, LockError::NotALock { .. }) =>
+                {
+                    not_a_lock = Some(index);
+                }
+                Err(_) => {}
+            }
+        }
+        drop(restarted);
         let validity = ttl
             .checked_sub(elapsed + clock::drift(ttl))
             .filter(|left| !left.is_zero());
-        let ours = taken.len() >= quorum && validity.is_some();
+        let ours = taken >= quorum && validity.is_some();
         if !all_answered {
             // The others answer in the background: a master that takes it late holds it with
             // the others, or gives it back when it is not ours.
-            let (store, seen) = (self.clone(), answered.len());
+            let store = self.clone();
+            let early = MasterSet::of(masters, |index| lock(&answers[index]).is_some());
             let token: Arc<str> = token.into();
             let attempt = attempt.clone();
             let late_answers = Arc::new(LateAnswers::default());
             let settling = late_answers.gate.clone().try_lock_owned().ok();
             lock(&self.settling).insert(token.clone(), late_answers.clone());
+            let answers = answers.clone();
             self.settings.background.spawn(async move {
                 pending.await;
-                let late = lock(&answers).split_off(seen);
+                let late = (0..answers.len())
+                    .filter(|&index| !early.contains(index))
+                    .filter_map(|index| Some((index, lock(&answers[index]).take()?)))
+                    .collect();
                 let released = late_answers.released.load(Ordering::SeqCst);
                 store.late_answers(late, &attempt, ours, released).await;
                 let mut waiting = lock(&store.settling);
@@ -322,9 +355,9 @@ impl RedlockStore {
         if took > 0 {
             self.release_everywhere(&attempt).await;
         }
-        if let Some(not_a_lock) = answered.iter().find_map(|(_, answer)| match answer {
+        let not_a_lock = not_a_lock.and_then(|index| match &*lock(&answers[index]) {
             // A new error, not the shared one: its other copies live on with the answers.
-            Err(StoreError::Unusable(error)) => match &**error {
+            Some(Err(StoreError::Unusable(error))) => match &**error {
                 LockError::NotALock { key, found } => Some(StoreError::from(LockError::NotALock {
                     key: key.clone(),
                     found: found.clone(),
@@ -332,7 +365,8 @@ impl RedlockStore {
                 _ => None,
             },
             _ => None,
-        }) {
+        });
+        if let Some(not_a_lock) = not_a_lock {
             // Something that is no lock sits under the key on some master: it is left as it is.
             return Err(not_a_lock);
         }
@@ -360,7 +394,7 @@ impl RedlockStore {
                 estimate,
             });
         }
-        if taken.len() >= quorum {
+        if taken >= quorum {
             return Err(StoreError::unavailable(format!(
                 "a majority took the lock only after {elapsed:?}, past the lease's validity"
             )));
@@ -380,7 +414,7 @@ impl RedlockStore {
             });
         }
         Err(StoreError::NoQuorum {
-            answered: taken.len().max(busy.len()),
+            answered: taken.max(busy.len()),
             needed: quorum,
         })
     }
@@ -459,23 +493,16 @@ impl RedlockStore {
 /// not count), whatever the others answer:
 /// taken on a majority; or out of reach of a majority, with a majority answered (busy, or
 /// split between us and others) or out of reach of one.
-fn settled(
-    answers: &[(usize, Result<AcquiredMany, StoreError>)],
-    restarted: &[bool],
-    quorum: usize,
-) -> bool {
-    let count = |taken: bool| {
-        answers
-            .iter()
-            .filter(|(index, answer)| match answer {
-                Ok(AcquiredMany::Taken) => taken && !restarted[*index],
-                Ok(AcquiredMany::Busy { .. }) => !taken,
-                Err(_) => false,
-            })
-            .count()
-    };
-    let n = restarted.len();
-    let (taken, busy, pending) = (count(true), count(false), n - answers.len());
+fn settled(answers: &Answers, restarted: &MasterSet, quorum: usize) -> bool {
+    let (mut taken, mut busy, mut pending) = (0, 0, 0);
+    for (index, slot) in answers.iter().enumerate() {
+        match &*lock(slot) {
+            None => pending += 1,
+            Some(Ok(AcquiredMany::Taken)) => taken += usize::from(!restarted.contains(index)),
+            Some(Ok(AcquiredMany::Busy { .. })) => busy += 1,
+            Some(Err(_)) => {}
+        }
+    }
     taken >= quorum
         || (taken + pending < quorum && (taken + busy >= quorum || taken + busy + pending < quorum))
 }
@@ -533,10 +560,11 @@ struct OwnedRequest {
 }
 
 impl OwnedRequest {
-    fn of(request: &AcquireRequest<'_>) -> Self {
+    /// `request`, its strings shared with `attempt`, its lease.
+    fn of(request: &AcquireRequest<'_>, attempt: &OwnedLease) -> Self {
         Self {
-            key: request.key.into(),
-            value: request.value.into(),
+            key: attempt.key.clone(),
+            value: attempt.value.clone(),
             request: AcquireRequest {
                 key: "",
                 value: "",
@@ -563,10 +591,11 @@ struct OwnedMany {
 }
 
 impl OwnedMany {
-    fn of(request: &ManyRequest<'_>) -> Self {
+    /// `request`, its strings shared with `attempt`, its lease.
+    fn of(request: &ManyRequest<'_>, attempt: &OwnedLease) -> Self {
         Self {
-            keys: request.keys.into(),
-            value: request.value.into(),
+            keys: attempt.keys.clone().unwrap_or_else(|| request.keys.into()),
+            value: attempt.value.clone(),
             request: ManyRequest {
                 keys: &[],
                 value: "",
@@ -612,7 +641,8 @@ impl Store for RedlockStore {
             // One command for every master: they share the quorum's settings. Owned, as the
             // request is: a master may answer after the majority decided.
             let cmd = Arc::new(self.masters[0].acquire_cmd(&request)?);
-            let owned = OwnedRequest::of(&request);
+            let attempt = OwnedLease::of(request.lease());
+            let owned = OwnedRequest::of(&request, &attempt);
             let on_master = |master: RedisStore<Server>, per_master| {
                 let (cmd, owned) = (cmd.clone(), owned.clone());
                 async move {
@@ -632,7 +662,6 @@ impl Store for RedlockStore {
                     })
                 }
             };
-            let attempt = OwnedLease::of(request.lease());
             let decided = self
                 .on_a_majority(request.ttl, attempt, budget, on_master)
                 .await?;
@@ -661,12 +690,12 @@ impl Store for RedlockStore {
         budget: Duration,
     ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
         Box::pin(async move {
-            let owned = OwnedMany::of(&request);
+            let attempt = OwnedLease::of(request.lease());
+            let owned = OwnedMany::of(&request, &attempt);
             let on_master = |master: RedisStore<Server>, per_master| {
                 let owned = owned.clone();
                 async move { master.acquire_many(owned.as_request(), per_master).await }
             };
-            let attempt = OwnedLease::of(request.lease());
             self.on_a_majority(request.ttl, attempt, budget, on_master)
                 .await
         })

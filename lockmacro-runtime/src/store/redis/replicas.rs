@@ -38,6 +38,12 @@ pub(crate) const SILENT_AFTER: Duration = Duration::from_secs(5);
 /// writes there are acknowledged (so its master's `master_replid` stays known).
 const RECOUNT: Duration = Duration::from_secs(1);
 
+/// How often a shard short of replicas is counted again when its master never had one: its
+/// `INFO replication` said `repl_backlog_active:0` (a master keeps its backlog for
+/// `repl-backlog-ttl`, an hour by default, after its last replica left, so one that lost a
+/// replica is still counted every [`RECOUNT`]).
+const RECOUNT_NEVER_REPLICATED: Duration = Duration::from_secs(5);
+
 /// How many replicas a write needs on one store.
 pub(crate) struct Replicas {
     /// Asked for (`LockClientBuilder::replica_acks`); 0: acknowledgement off.
@@ -134,6 +140,9 @@ struct Shard {
     /// When it had `replicas`: counted so, or a write there acknowledged since.
     seen_at: u64,
     counted_at: u64,
+    /// When it is counted again while short of replicas: [`RECOUNT`], or
+    /// [`RECOUNT_NEVER_REPLICATED`] for a master that never had a replica.
+    recount: u64,
 }
 
 /// What a write needs now.
@@ -168,13 +177,18 @@ impl Replicas {
     /// replicas than asked were counted a while ago: one may have come back, or a failover
     /// brought more).
     pub(crate) fn needed(&self, slot: Option<u16>) -> (Needed, bool) {
+        self.needed_at(slot, clock::now())
+    }
+
+    /// [`Self::needed`] at `now`.
+    fn needed_at(&self, slot: Option<u16>, now: u64) -> (Needed, bool) {
         if self.wanted == 0 {
             return (Needed::Nothing, false);
         }
-        let Some((required, counted_at)) = ({
+        let Some((required, counted_at, recount)) = ({
             let shards = self.shards();
             let known = shards.known.get(&shards.of(slot));
-            known.map(|known| (known.replicas, known.counted_at))
+            known.map(|known| (known.replicas, known.counted_at, known.recount))
         }) else {
             return (Needed::Count, false);
         };
@@ -183,7 +197,7 @@ impl Replicas {
             n => Needed::Acks(n),
         };
         let stale = required < self.wanted
-            && clock::now().saturating_sub(counted_at) > nanos(RECOUNT)
+            && now.saturating_sub(counted_at) > recount
             && !self.counting.swap(true, Ordering::AcqRel);
         (needed, stale)
     }
@@ -204,15 +218,30 @@ impl Replicas {
         }
         let live = self.wanted.min(live_replicas(info));
         let replid = field(info, "master_replid:").unwrap_or_default();
+        // Only a master that says so never had a replica: a refused `INFO`, or one without the
+        // field, is counted every second.
+        let recount = if field(info, "repl_backlog_active:") == Some("0") {
+            RECOUNT_NEVER_REPLICATED
+        } else {
+            RECOUNT
+        };
         let shard = self.shards().regroup(slot, &replication.served);
-        let required = self.remembered(shard, replid, live, clock::now());
+        let required = self.remembered(shard, replid, live, recount, clock::now());
         self.counting.store(false, Ordering::Release);
         required
     }
 
     /// `live` replicas counted on `shard`'s master `replid` at `now`, or more when that same
     /// master had more within [`SILENT_AFTER`]; a new master (a failover) is taken at its count.
-    fn remembered(&self, shard: Option<u16>, replid: &str, live: u32, now: u64) -> u32 {
+    /// While short of replicas, the shard is counted again after `recount`.
+    fn remembered(
+        &self,
+        shard: Option<u16>,
+        replid: &str,
+        live: u32,
+        recount: Duration,
+        now: u64,
+    ) -> u32 {
         let mut shards = self.shards();
         if let Some(known) = shards.known.get_mut(&shard)
             && known.replid == replid
@@ -220,6 +249,7 @@ impl Replicas {
             && now.saturating_sub(known.seen_at) <= nanos(SILENT_AFTER)
         {
             known.counted_at = now;
+            known.recount = nanos(recount);
             return known.replicas;
         }
         shards.known.insert(
@@ -229,6 +259,7 @@ impl Replicas {
                 replicas: live,
                 seen_at: now,
                 counted_at: now,
+                recount: nanos(recount),
             },
         );
         live
@@ -366,7 +397,10 @@ pub(crate) struct NotAcknowledged {
 mod tests {
     use std::time::Duration;
 
-    use super::{Needed, Replicas, Replication, SILENT_AFTER, live_replicas};
+    use super::{
+        Needed, RECOUNT, RECOUNT_NEVER_REPLICATED, Replicas, Replication, SILENT_AFTER,
+        live_replicas,
+    };
     use crate::clock::nanos;
 
     #[test]
@@ -385,13 +419,14 @@ mod tests {
     fn a_replica_that_went_missing_counts_until_silent_long_enough() {
         let replicas = Replicas::new(1, Duration::from_millis(500));
         let silent = nanos(SILENT_AFTER);
-        assert_eq!(replicas.remembered(None, "a", 1, 10), 1);
+        let remembered = |replid, live, now| replicas.remembered(None, replid, live, RECOUNT, now);
+        assert_eq!(remembered("a", 1, 10), 1);
         // The link broke: the master lists no replica, but it may be promoted yet.
-        assert_eq!(replicas.remembered(None, "a", 0, 10 + silent), 1);
-        assert_eq!(replicas.remembered(None, "a", 0, 11 + silent), 0);
+        assert_eq!(remembered("a", 0, 10 + silent), 1);
+        assert_eq!(remembered("a", 0, 11 + silent), 0);
         // A failover: the new master is taken at its count at once.
-        assert_eq!(replicas.remembered(None, "a", 1, 12 + silent), 1);
-        assert_eq!(replicas.remembered(None, "b", 0, 13 + silent), 0);
+        assert_eq!(remembered("a", 1, 12 + silent), 1);
+        assert_eq!(remembered("b", 0, 13 + silent), 0);
     }
 
     #[test]
@@ -434,6 +469,49 @@ mod tests {
         assert_eq!(replicas.needed(Some(10925)).0, Needed::Acks(1));
         // The rest of the range the first master lost is counted again.
         assert_eq!(replicas.needed(Some(7)).0, Needed::Count);
+    }
+
+    #[test]
+    fn a_master_that_never_had_a_replica_is_counted_less_often() {
+        let second = nanos(Duration::from_secs(1));
+        let recount_of = |info: &str| {
+            let replicas = Replicas::new(1, Duration::from_millis(500));
+            replicas.counted(None, &on_a_server(info));
+            let shards = replicas.shards();
+            shards.known[&None].recount
+        };
+        let never = "role:master\r\nconnected_slaves:0\r\nmaster_replid:a\r\n\
+                     repl_backlog_active:0\r\n";
+        let lost_one = "role:master\r\nconnected_slaves:0\r\nmaster_replid:a\r\n\
+                        repl_backlog_active:1\r\n";
+        assert_eq!(recount_of(never), nanos(RECOUNT_NEVER_REPLICATED));
+        assert_eq!(recount_of(lost_one), nanos(RECOUNT));
+        // A refused `INFO` (an ACL), or one without the field: every second, as before.
+        assert_eq!(recount_of(""), nanos(RECOUNT));
+        assert_eq!(
+            recount_of("role:master\r\nmaster_replid:a\r\n"),
+            nanos(RECOUNT)
+        );
+
+        // Due after its interval only, and once at a time.
+        let stale = |recount: Duration, after: u64| {
+            let replicas = Replicas::new(1, Duration::from_millis(500));
+            replicas.remembered(None, "a", 0, recount, 10);
+            let (needed, stale) = replicas.needed_at(None, 10 + after);
+            assert_eq!(needed, Needed::Nothing);
+            if stale {
+                assert!(
+                    !replicas.needed_at(None, 10 + after).1,
+                    "one count at a time"
+                );
+            }
+            stale
+        };
+        assert!(!stale(RECOUNT_NEVER_REPLICATED, 2 * second));
+        assert!(!stale(RECOUNT_NEVER_REPLICATED, 5 * second));
+        assert!(stale(RECOUNT_NEVER_REPLICATED, 5 * second + 1));
+        assert!(!stale(RECOUNT, second));
+        assert!(stale(RECOUNT, second + 1));
     }
 
     fn on_a_server(info: &str) -> Replication {
