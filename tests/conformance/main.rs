@@ -19,6 +19,7 @@ macro_rules! conformance {
                 equal_keys_count_once_and_a_lease_lists_its_keys,
                 at_most_sixty_four_keys_checked_before_any_io,
                 a_nested_call_on_some_of_the_keys_reenters,
+                a_forced_release_of_any_key_of_a_list_reaches_its_holder_at_once,
             );
             conformance!(@tests $start, ($($runtime)*), suite;
                 busy_key_fails_fast_and_the_work_never_runs,
