@@ -275,19 +275,19 @@ impl RedlockStore {
                 .is_ok();
         }
         let elapsed = started.elapsed();
-        // The answers so far, read where they lie (the pending futures run only when polled
-        // here, or in the background below: none lands meanwhile). Every master that took it,
-        // and those whose take counts (see `restarted`); the busy ones; something that is no
-        // lock, the first master's to say so.
+        // The answers so far, taken out of their slots (the pending futures run only when
+        // polled here, or in the background below: none lands meanwhile), so that the slots
+        // filled after hold the late answers alone. Every master that took it, and those whose
+        // take counts (see `restarted`); the busy ones; something that is no lock, the first
+        // master's to say so.
         let (mut took, mut taken) = (0, 0);
         let mut busy: Vec<(usize, BusyAnswer)> = Vec::new();
         let mut not_a_lock = None;
         for (index, slot) in answers.iter().enumerate() {
-            let slot = lock(slot);
-            let Some(answer) = slot.as_ref() else {
+            let Some(answer) = lock(slot).take() else {
                 continue;
             };
-            self.note(index, answer);
+            self.note(index, &answer);
             match answer {
                 Ok(AcquiredMany::Taken) => {
                     took += 1;
@@ -297,11 +297,15 @@ impl RedlockStore {
                     key,
                     remaining,
                     estimate,
-                }) => busy.push((index, (*key, *remaining, *estimate))),
-                Err(StoreError::Unusable(error))
-                    if not_a_lock.is_none() && matches!(**error, LockError::NotALock { .. }) =>
-                {
-                    not_a_lock = Some(index);
+                }) => busy.push((index, (key, remaining, estimate))),
+                Err(StoreError::Unusable(error)) if not_a_lock.is_none() => {
+                    // A new error, not the shared one: its other copies live on elsewhere.
+                    if let LockError::NotALock { key, found } = &*error {
+                        not_a_lock = Some(StoreError::from(LockError::NotALock {
+                            key: key.clone(),
+                            found: found.clone(),
+                        }));
+                    }
                 }
                 Err(_) => {}
             }
@@ -315,7 +319,6 @@ impl RedlockStore {
             // The others answer in the background: a master that takes it late holds it with
             // the others, or gives it back when it is not ours.
             let store = self.clone();
-            let early = MasterSet::of(masters, |index| lock(&answers[index]).is_some());
             let token: Arc<str> = token.into();
             let attempt = attempt.clone();
             let late_answers = Arc::new(LateAnswers::default());
@@ -325,7 +328,6 @@ impl RedlockStore {
             self.settings.background.spawn(async move {
                 pending.await;
                 let late = (0..answers.len())
-                    .filter(|&index| !early.contains(index))
                     .filter_map(|index| Some((index, lock(&answers[index]).take()?)))
                     .collect();
                 let released = late_answers.released.load(Ordering::SeqCst);
@@ -355,17 +357,6 @@ impl RedlockStore {
         if took > 0 {
             self.release_everywhere(&attempt).await;
         }
-        let not_a_lock = not_a_lock.and_then(|index| match &*lock(&answers[index]) {
-            // A new error, not the shared one: its other copies live on with the answers.
-            Some(Err(StoreError::Unusable(error))) => match &**error {
-                LockError::NotALock { key, found } => Some(StoreError::from(LockError::NotALock {
-                    key: key.clone(),
-                    found: found.clone(),
-                })),
-                _ => None,
-            },
-            _ => None,
-        });
         if let Some(not_a_lock) = not_a_lock {
             // Something that is no lock sits under the key on some master: it is left as it is.
             return Err(not_a_lock);
