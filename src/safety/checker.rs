@@ -52,6 +52,9 @@ pub struct Row {
     /// The longest time a key was held by nobody while a caller waited for it, in ms, outside
     /// the fault and the [`recovery_grace`] after it.
     pub longest_free_while_waited_ms: f64,
+    /// Where that stretch lay: its key, the waiting call (worker, call number), and how long
+    /// after its phase's heal it began (ms), to trace a breach.
+    pub longest_free_while_waited_where: Option<(String, u32, u64, f64)>,
     /// The longest time from a fault's heal (the server back, the new master serving, the
     /// traffic flowing, the holder resumed) to the next lock taken on any key, in ms.
     pub recovery_ms: f64,
@@ -150,10 +153,16 @@ impl Campaign<'_> {
                 rows[index].1.lost_fenced += 1;
             }
         }
-        for (at, length) in self.free_while_waited() {
-            if let Some(index) = row_of(&rows, at) {
-                let row = &mut rows[index].1;
-                row.longest_free_while_waited_ms = row.longest_free_while_waited_ms.max(ms(length));
+        for (at, length, call) in self.free_while_waited() {
+            let (Some(index), Some(phase)) = (row_of(&rows, at), self.phase_at(at)) else {
+                continue;
+            };
+            let row = &mut rows[index].1;
+            if ms(length) > row.longest_free_while_waited_ms {
+                row.longest_free_while_waited_ms = ms(length);
+                let after_heal = (at as f64 - phase.healed as f64) / 1e6;
+                row.longest_free_while_waited_where =
+                    Some((call.key.clone(), call.worker, call.seq, after_heal));
             }
         }
         rows
@@ -288,7 +297,7 @@ impl Campaign<'_> {
     /// its body stopped (its lease was over, or about to be). While a fault is injected, and
     /// for [`recovery_grace`] after its heal, the deployment may not answer or its clients may
     /// still reconnect: that time counts as recovery, not as a key left free.
-    fn free_while_waited(&self) -> Vec<(u64, u64)> {
+    fn free_while_waited(&self) -> Vec<(u64, u64, &Call)> {
         let faults: Vec<(u64, u64)> = self
             .phases
             .iter()
@@ -321,8 +330,8 @@ impl Campaign<'_> {
                 .filter(|other| (other.worker, other.seq) != (call.worker, call.seq))
                 .filter_map(|other| held(other))
                 .chain(faults.iter().copied());
-            if let Some(gap) = longest_uncovered(waited, others) {
-                found.push(gap);
+            if let Some((at, length)) = longest_uncovered(waited, others) {
+                found.push((at, length, call));
             }
         }
         found
@@ -423,9 +432,16 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
             deployment,
             fault,
             what: format!(
-                "{WAKE_UP}: {:.0} ms (bound {} ms)",
+                "{WAKE_UP}: {:.0} ms (bound {} ms){}",
                 row.longest_free_while_waited_ms,
-                WAKE_UP_BOUND.as_millis()
+                WAKE_UP_BOUND.as_millis(),
+                row.longest_free_while_waited_where
+                    .as_ref()
+                    .map(|(key, worker, seq, after_heal)| format!(
+                        ", on {key} from {after_heal:.0} ms after the heal, while worker \
+                         {worker}'s call {seq} waited"
+                    ))
+                    .unwrap_or_default()
             ),
             known: known_defect(deployment, fault, WAKE_UP),
         });

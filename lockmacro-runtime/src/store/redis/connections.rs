@@ -181,3 +181,38 @@ enum Ready<C> {
     Lent(Lent<C>),
     Open(Arc<tokio::sync::Mutex<()>>),
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Opens with `outcome`, counting the attempts.
+    async fn open(
+        connections: &PerRuntime<u32>,
+        attempts: &AtomicUsize,
+        outcome: Result<u32, &str>,
+    ) -> Result<u32, StoreError> {
+        let lent = connections.lend(|| async {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            outcome.map_err(|why| StoreError::unavailable(why.to_owned()))
+        });
+        lent.await.map(|lent| lent.connection)
+    }
+
+    // Paused time: the pause (75 ms or more) cannot run out between the two opens.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_open_is_sat_out_until_the_server_is_known_to_answer_again() {
+        let (connections, attempts) = (PerRuntime::new(), AtomicUsize::new(0));
+        assert!(open(&connections, &attempts, Err("refused")).await.is_err());
+        // Within the pause the last error comes back without a new attempt.
+        let again = open(&connections, &attempts, Ok(7)).await;
+        assert_eq!(attempts.load(Ordering::SeqCst), 1);
+        assert!(again.unwrap_err().to_string().contains("refused"));
+        // A sign that it answers (a probe, a master switched) ends the pause.
+        connections.retry_now();
+        assert_eq!(open(&connections, &attempts, Ok(7)).await.unwrap(), 7);
+        assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    }
+}

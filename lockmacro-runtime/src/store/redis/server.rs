@@ -248,10 +248,13 @@ impl Server {
         }
     }
 
-    /// Drops every connection: the master changed.
+    /// Drops every connection: the master changed. A pause after a failed connect ends too:
+    /// its error (no master named, the old one refusing) is about the master that went, and
+    /// callers sitting it out (up to a second) would miss the new master's first moments.
     fn master_switched(&self) {
         self.source.forget_master();
         self.connections.invalidate_all();
+        self.connections.retry_now();
     }
 
     /// Whether a failed request may have run, dropping the connection when it proved broken.
