@@ -90,6 +90,10 @@ pub(crate) enum Handing {
     /// Another client waits too: the lock was released and announced instead. The waiter
     /// waits for that announcement, as the other client's waiters do.
     Declined,
+    /// The key went to a caller that had reserved it (it waited too long): the waiter keeps
+    /// its place, first in line for this client's next release of the key, which may well be
+    /// that caller's own hand-over (announcing nothing).
+    Passed,
     /// The lease was no longer the releaser's: the waiter looks again now.
     Look,
     /// The hand-over got no answer: the waiter's token may hold the key. It is given up
@@ -398,14 +402,29 @@ impl Ticket<'_> {
     /// Offers to take the lock straight from a release of this client, as `token` with
     /// `options`, until the offer is withdrawn.
     pub(crate) fn offer(&self, token: &str, options: &LockOptions) -> Offer {
+        self.offer_in_line(token, options, false)
+    }
+
+    /// Offers again, ahead of every other offer: a waiter [passed](Handing::Passed) over.
+    pub(crate) fn offer_first(&self, token: &str, options: &LockOptions) -> Offer {
+        self.offer_in_line(token, options, true)
+    }
+
+    fn offer_in_line(&self, token: &str, options: &LockOptions, first: bool) -> Offer {
         let id = (self.waiters.offers).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (told, outcome) = oneshot::channel();
-        lock(&self.waiters.candidates).push_back(Candidate {
+        let candidate = Candidate {
             offer: id,
             token: token.to_owned(),
             options: *options,
             outcome: told,
-        });
+        };
+        let mut candidates = lock(&self.waiters.candidates);
+        match first {
+            true => candidates.push_front(candidate),
+            false => candidates.push_back(candidate),
+        }
+        drop(candidates);
         Offer {
             waiters: self.waiters.clone(),
             id,

@@ -51,8 +51,8 @@ impl Engine {
     }
 
     /// Passes the lease `right` holds straight to `next`, a parked waiter of this client, unless
-    /// a caller elsewhere waited too long and reserved the key (then it passes to that caller,
-    /// and `next` waits on).
+    /// a caller waited too long and reserved the key (then it passes to that caller, and `next`
+    /// keeps its place, first in line).
     async fn hand_over(
         self: &Arc<Self>,
         store: &dyn HandsOver,
@@ -115,10 +115,16 @@ impl Engine {
                 Ok(true)
             }
             HandOver::ToReservation => {
-                // Not free: the next of this client waits on, for a later release.
+                // Not free: the next of this client keeps its place for a later release. (Told
+                // to wait for an announcement, it slept out its fallback when that caller was
+                // of this client: its release is a hand-over, announced to nobody.)
                 metrics::release(&lease.prefix, "confirmed");
-                tracing::debug!(key = %lease.key, "lock handed to a caller elsewhere that waited longer");
-                let _ = next.tell(Handing::Declined);
+                tracing::debug!(key = %lease.key, "lock handed to a caller that waited longer");
+                #[cfg(feature = "sim")]
+                crate::sim::sometimes(
+                    "a hand-over passed this client's next waiter for a reservation",
+                );
+                let _ = next.tell(Handing::Passed);
                 Ok(true)
             }
             HandOver::NotOurs => {

@@ -588,7 +588,7 @@ impl<'e> Waiter<'e> {
                 // declined the offer meanwhile is that news, or older; look again. (The
                 // hand-over announcement, once heard, is not awaited again.)
                 (None, Some(offer)) => match offer.withdraw().await {
-                    None | Some(Handing::Declined) => return Ok(None),
+                    None | Some(Handing::Declined | Handing::Passed) => return Ok(None),
                     Some(handing) => handing,
                 },
             };
@@ -597,6 +597,8 @@ impl<'e> Waiter<'e> {
                 Handing::Look => return Ok(None),
                 // Wait for the announcement of that release (or the fallback).
                 Handing::Declined => {}
+                // First in line again for the next hand-over.
+                Handing::Passed => offer = Some(ticket.offer_first(&self.token, self.options)),
                 Handing::Uncertain => {
                     engine.give_up_token(key, &self.token, self.options.ttl);
                     self.token = new_token();
