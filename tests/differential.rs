@@ -635,6 +635,20 @@ impl<'d, D: Paths> Case<'d, D> {
         .await;
     }
 
+    /// Whether the value at the last look carried a reservation: on a real server, a waiter
+    /// whose first looks came late (a loaded machine) waited past the starvation bound.
+    fn reserved_at_last_look(&self) -> bool {
+        self.raw
+            .iter()
+            .rev()
+            .find_map(|raw| match raw {
+                Raw::Stored(value) => Some(value.as_deref().and_then(Stored::parse)),
+                _ => None,
+            })
+            .flatten()
+            .is_some_and(|stored| stored.reserved.is_some())
+    }
+
     /// What it saw, every token named.
     fn saw(self) -> Vec<Saw> {
         let name = |token: &str| {
@@ -710,8 +724,8 @@ const PATH: [(&str, &str); 4] = [
     ),
     ("lock handed to the next waiter of this client", "handed"),
     (
-        "lock handed to a caller elsewhere that waited longer",
-        "handed elsewhere",
+        "lock handed to a caller that waited longer",
+        "handed to a reservation",
     ),
     (
         "lock had already expired or changed owner at release",
@@ -873,6 +887,9 @@ impl HandOverCase {
                 let waiter = case.call(&here, "W", vec![], waiter());
                 parked(&here, &key).await;
                 case.look().await;
+                if case.reserved_at_last_look() {
+                    return Err(Again("the waiter reserved the key before the release"));
+                }
                 case.returned("H's release", held.release().await);
                 case.entered().await;
                 case.look().await;

@@ -880,12 +880,19 @@ fn the_simulated_redis_answers_as_a_real_one() {
         _ => String::new(),
     };
     let started = Instant::now();
-    let cut_short = seeds
-        .iter()
-        .filter(|seed| matches!(run(&mut server, **seed), Ended::CutShort))
-        .count();
+    // A history cut short by a slow step (a loaded machine) runs again, up to three times in all:
+    // the guard is judged on the histories that never ran whole.
+    let (mut cut_short, mut runs) = (0, 0);
+    for seed in &seeds {
+        let whole = (0..3).any(|_| {
+            runs += 1;
+            matches!(run(&mut server, *seed), Ended::Whole)
+        });
+        cut_short += usize::from(!whole);
+    }
     eprintln!(
-        "{} histories of {STEPS} steps compared against {version} in {:?}, {cut_short} cut short near a deadline",
+        "{} histories of {STEPS} steps compared against {version} in {:?} ({runs} runs), \
+         {cut_short} cut short near a deadline or by a slow step three times",
         seeds.len(),
         started.elapsed()
     );
