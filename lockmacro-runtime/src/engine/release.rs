@@ -120,10 +120,6 @@ impl Engine {
                 // of this client: its release is a hand-over, announced to nobody.)
                 metrics::release(&lease.prefix, "confirmed");
                 tracing::debug!(key = %lease.key, "lock handed to a caller that waited longer");
-                #[cfg(feature = "sim")]
-                crate::sim::sometimes(
-                    "a hand-over passed this client's next waiter for a reservation",
-                );
                 let _ = next.tell(Handing::Passed);
                 Ok(true)
             }

@@ -779,7 +779,7 @@ impl HandsOver for Link {
             match handed {
                 Ok(HandOver::Handed) => sometimes("a key handed to a waiter of the same client"),
                 Ok(HandOver::ToReservation) => {
-                    sometimes("a hand-over passed to a caller elsewhere that reserved the key");
+                    sometimes("a hand-over passed this client's next waiter for a reservation");
                 }
                 _ => {}
             }
