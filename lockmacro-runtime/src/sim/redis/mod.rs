@@ -74,7 +74,9 @@ struct Master {
 pub struct Connection(u64);
 
 /// What the node keeps of a connection: as Redis's `client.woff`, the replication offset right
-/// after its last command that wrote, which its `WAIT` waits for.
+/// after its last command that wrote, which its `WAIT` waits for, as newer Redis keeps it (only
+/// a command that propagated moves it). Redis 7.0 (7.0.15 measured) moves it after every
+/// command, a read too, so that a `WAIT` there also waits for what others wrote before.
 struct Connected {
     incarnation: u64,
     last_write: u64,
