@@ -30,9 +30,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use lockmacro_runtime::__sim::Stream;
-use lockmacro_runtime::__sim::redis_node::{
-    Answer, Connection, Entry, Node, Published, Stored, store_scripts,
-};
+use lockmacro_runtime::__sim::redis_node::{Answer, Entry, Node, Published, Stored, store_scripts};
 use redis::Value;
 use testkit::RedisServer;
 
@@ -993,14 +991,14 @@ fn until_info_has(server: &RedisServer, line: &str) {
 fn both(
     (node, clock): (&mut Node, &mut Wire),
     wire: &mut Wire,
-    on: Connection,
+    on: u64,
     args: &[&str],
     timed_out: bool,
 ) -> Value {
     let args = strings(args);
     node.set_clock(clock.now_micros());
     let real = wire.call(&args);
-    let simulated = match node.command_on(on, &args) {
+    let simulated = match node.send_command(on, &args) {
         Answer::Reply(reply) => reply,
         Answer::Waiting(wait) if timed_out => match node.wait_timed_out(&wait) {
             Answer::Reply(reply) => reply,
@@ -1026,7 +1024,7 @@ fn wait_and_info_replication_answer_as_a_real_masters() {
     let simulated_replica = node.add_replica(Duration::ZERO);
     let (mut writer, mut reader) = (Wire::open(&master), Wire::open(&master));
     let mut clock = Wire::open(&master);
-    let (node_writer, node_reader) = (node.connect(), node.connect());
+    let (node_writer, node_reader) = (1, 2);
     let judge = Judge { slack_ms: SLACK_MS };
     // No write on the connection yet: every replica has what it wrote.
     both(

@@ -49,11 +49,9 @@ pub struct Node {
     master: Master,
     replicas: BTreeMap<ReplicaId, Replica>,
     next_replica: u64,
-    /// Open connections: the master they reached (its incarnation) and their last write.
-    connections: BTreeMap<Connection, Connected>,
-    next_connection: u64,
-    /// The connection of [`Node::command`] and [`Node::cmd`], opened again when closed.
-    own: Connection,
+    /// Open connections, by the id their client gave them: the master they reached (its
+    /// incarnation) and their last write.
+    connections: BTreeMap<u64, Connected>,
     /// Where run and replication ids come from: a restart or a failover draws new ones.
     ids: Stream,
 }
@@ -69,10 +67,6 @@ struct Master {
     incarnation: u64,
 }
 
-/// A client connection to the node ([`Node::connect`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Connection(u64);
-
 /// What the node keeps of a connection: as Redis's `client.woff`, the replication offset right
 /// after its last command that wrote, which its `WAIT` waits for, as newer Redis keeps it (only
 /// a command that propagated moves it). Redis 7.0 (7.0.15 measured) moves it after every
@@ -81,6 +75,9 @@ struct Connected {
     incarnation: u64,
     last_write: u64,
 }
+
+/// The connection of [`Node::command`] and [`Node::cmd`].
+const OWN: u64 = 0;
 
 /// A replica of the node ([`Node::add_replica`]); it keeps its id when another is promoted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -105,7 +102,7 @@ pub enum Answer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wait {
     /// Where it was sent.
-    pub connection: Connection,
+    pub connection: u64,
     /// The offset a replica must have acknowledged: the connection's last write.
     pub offset: u64,
     /// How many replicas must.
@@ -120,7 +117,6 @@ impl Node {
     pub fn new(seed: u64) -> Self {
         let mut ids = Stream::of(seed, &[u64::from_be_bytes(*b"simredis")]);
         let (run_id, replication_id) = (hex_id(&mut ids), hex_id(&mut ids));
-        let own = Connection(0);
         Self {
             master: Master {
                 keyspace: Keyspace::default(),
@@ -131,83 +127,86 @@ impl Node {
             },
             replicas: BTreeMap::new(),
             next_replica: 0,
-            connections: BTreeMap::from([(
-                own,
-                Connected {
-                    incarnation: 0,
-                    last_write: 0,
-                },
-            )]),
-            next_connection: 1,
-            own,
+            connections: BTreeMap::new(),
             ids,
         }
     }
 
-    /// Runs one command (its name first), as a client of the node would send it, on the node's
-    /// own connection. A `WAIT` answers at once: what the replicas acknowledged by now.
+    /// Runs one command (its name first), as a client of the node would send it, on
+    /// connection 0 (opened again after a failover or a restart). A `WAIT` answers at once:
+    /// what the replicas acknowledged by now.
     pub fn command<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Reply {
         let args = Args::new(args.iter().map(|arg| arg.as_ref().to_vec()).collect());
-        self.on_own(args)
+        self.on_own(&args)
     }
 
     /// Runs a command built with redis-rs, as the store builds them, as [`Node::command`].
     pub fn cmd(&mut self, cmd: &::redis::Cmd) -> Reply {
-        self.on_own(cmd_args(cmd))
+        self.on_own(&cmd_args(cmd))
     }
 
-    /// Opens a connection to the master.
-    pub fn connect(&mut self) -> Connection {
-        let connection = Connection(self.next_connection);
-        self.next_connection += 1;
-        self.connections.insert(
-            connection,
-            Connected {
-                incarnation: self.master.incarnation,
-                last_write: 0,
-            },
-        );
-        connection
+    fn on_own(&mut self, args: &Args) -> Reply {
+        if !self.is_open(OWN) {
+            self.connections.remove(&OWN);
+        }
+        let answer = self.run_on(OWN, args);
+        self.reply_now(answer)
     }
 
-    /// Closes `connection` (the client dropped it).
-    pub fn disconnect(&mut self, connection: Connection) {
-        self.connections.remove(&connection);
+    /// Runs a command built with redis-rs on `connection`, the id its client gave it (a
+    /// connection's first command opens it, to the master of the time). A `WAIT` answers at
+    /// once, as in [`Node::command`]; [`Node::send`] hands one that must wait back.
+    pub fn cmd_on(&mut self, connection: u64, cmd: &::redis::Cmd) -> Reply {
+        let answer = self.send(connection, cmd);
+        self.reply_now(answer)
     }
 
-    /// Runs one command on `connection`.
-    pub fn command_on<A: AsRef<[u8]>>(&mut self, connection: Connection, args: &[A]) -> Answer {
+    /// Runs a command built with redis-rs on `connection`: its answer, a `WAIT` to wait out, or
+    /// the news that the connection closed.
+    pub fn send(&mut self, connection: u64, cmd: &::redis::Cmd) -> Answer {
+        self.run_on(connection, &cmd_args(cmd))
+    }
+
+    /// [`Node::send`] of a command given by its arguments.
+    pub fn send_command<A: AsRef<[u8]>>(&mut self, connection: u64, args: &[A]) -> Answer {
         let args = Args::new(args.iter().map(|arg| arg.as_ref().to_vec()).collect());
         self.run_on(connection, &args)
     }
 
-    /// Runs a command built with redis-rs on `connection`.
-    pub fn cmd_on(&mut self, connection: Connection, cmd: &::redis::Cmd) -> Answer {
-        self.run_on(connection, &cmd_args(cmd))
+    /// Closes `connection` (its client dropped it): its id may be used again.
+    pub fn disconnect(&mut self, connection: u64) {
+        self.connections.remove(&connection);
     }
 
-    fn on_own(&mut self, args: Args) -> Reply {
-        if !self.is_open(self.own) {
-            self.own = self.connect();
-        }
-        match self.run_on(self.own, &args) {
+    /// An answer as a reply at once: a `WAIT` with the count now, a closed connection as an
+    /// error reply.
+    fn reply_now(&self, answer: Answer) -> Reply {
+        match answer {
             Answer::Reply(reply) => reply,
             Answer::Waiting(wait) => self.acknowledged_reply(&wait),
-            Answer::Closed => unreachable!("the node's own connection was just opened"),
+            Answer::Closed => reply::error(
+                "ERR the simulated connection closed (a failover or a restart): Node::send says so",
+            ),
         }
     }
 
-    fn is_open(&self, connection: Connection) -> bool {
+    /// Whether `connection` is open, to the master of now (a connection not seen yet opens at
+    /// its first command).
+    fn is_open(&self, connection: u64) -> bool {
         self.connections
             .get(&connection)
-            .is_some_and(|connected| connected.incarnation == self.master.incarnation)
+            .is_none_or(|connected| connected.incarnation == self.master.incarnation)
     }
 
-    fn run_on(&mut self, connection: Connection, args: &Args) -> Answer {
+    fn run_on(&mut self, connection: u64, args: &Args) -> Answer {
         if !self.is_open(connection) {
-            self.connections.remove(&connection);
             return Answer::Closed;
         }
+        let incarnation = self.master.incarnation;
+        self.connections.entry(connection).or_insert(Connected {
+            incarnation,
+            last_write: 0,
+        });
         if args.name() == "WAIT" {
             return self.wait(connection, args);
         }
@@ -236,7 +235,7 @@ impl Node {
     /// `WAIT numreplicas timeout`, as Redis answers it: at once when enough replicas
     /// acknowledged the connection's last write (or it wrote nothing yet), else once they do
     /// or at the timeout, with the count then.
-    fn wait(&mut self, connection: Connection, args: &Args) -> Answer {
+    fn wait(&mut self, connection: u64, args: &Args) -> Answer {
         if let Err(message) = args.exactly(3) {
             return Answer::Reply(reply::error(&message));
         }
@@ -791,8 +790,8 @@ mod tests {
     }
 
     impl Node {
-        fn command_on_reply(&mut self, connection: Connection, args: &[&str]) -> Reply {
-            match self.command_on(connection, args) {
+        fn command_on_reply(&mut self, connection: u64, args: &[&str]) -> Reply {
+            match self.send_command(connection, args) {
                 Answer::Reply(reply) => reply,
                 other => panic!("{args:?} answered {other:?}"),
             }
@@ -813,11 +812,11 @@ mod tests {
         node.set_clock(1_000_000_000);
         let quick = node.add_replica(Duration::ZERO);
         let slow = node.add_replica(Duration::from_millis(100));
-        let (writer, reader) = (node.connect(), node.connect());
-        let wait = |node: &mut Node, on, n: &str| node.command_on(on, &["WAIT", n, "50"]);
+        let (writer, reader) = (1, 2);
+        let wait = |node: &mut Node, on, n: &str| node.send_command(on, &["WAIT", n, "50"]);
         // Nothing written yet on either: every replica has it.
         assert_eq!(wait(&mut node, writer, "2"), Answer::Reply(Reply::Int(2)));
-        node.command_on(writer, &["SET", "k", "v", "PX", "5000"]);
+        node.send_command(writer, &["SET", "k", "v", "PX", "5000"]);
         let offset = node.replication_offset();
         assert!(offset > 0);
         assert_eq!(node.acknowledged(quick), offset);
@@ -839,7 +838,7 @@ mod tests {
         node.advance(Duration::from_millis(1));
         assert_eq!(node.waited(&pending), Some(Answer::Reply(Reply::Int(2))));
         // A write of another connection moves the offset, not this connection's.
-        node.command_on(reader, &["SET", "other", "v"]);
+        node.send_command(reader, &["SET", "other", "v"]);
         assert_eq!(wait(&mut node, writer, "2"), Answer::Reply(Reply::Int(2)));
         assert!(matches!(wait(&mut node, reader, "2"), Answer::Waiting(_)));
         // A replica cut off acknowledges nothing more, and is no longer listed.
@@ -854,8 +853,8 @@ mod tests {
             Answer::Reply(reply) => code(&reply).to_owned(),
             other => panic!("{other:?}"),
         };
-        assert_eq!(code(node.command_on(reader, &["WAIT", "1", "-1"])), "ERR");
-        assert_eq!(code(node.command_on(reader, &["WAIT", "1"])), "ERR");
+        assert_eq!(code(node.send_command(reader, &["WAIT", "1", "-1"])), "ERR");
+        assert_eq!(code(node.send_command(reader, &["WAIT", "1"])), "ERR");
     }
 
     #[test]
@@ -893,11 +892,11 @@ mod tests {
         node.set_clock(1_000_000_000);
         let lagging = node.add_replica(Duration::from_secs(1));
         let keeping = node.add_replica(Duration::ZERO);
-        let client = node.connect();
+        let client = 1;
         let sha = text(&node.command_on_reply(client, &["SCRIPT", "LOAD", "return 1"]));
-        node.command_on(client, &["SET", "lock", "mine", "PX", "10000"]);
+        node.send_command(client, &["SET", "lock", "mine", "PX", "10000"]);
         assert!(matches!(
-            node.command_on(client, &["WAIT", "2", "100"]),
+            node.send_command(client, &["WAIT", "2", "100"]),
             Answer::Waiting(_)
         ));
         let (run_id, replication_id) = (
@@ -906,8 +905,9 @@ mod tests {
         );
         assert_eq!(node.best_replica(), Some(keeping));
         node.fail_over(lagging);
-        assert_eq!(node.command_on(client, &["GET", "lock"]), Answer::Closed);
-        let client = node.connect();
+        assert_eq!(node.send_command(client, &["GET", "lock"]), Answer::Closed);
+        assert_eq!(code(&node.cmd_on(client, &::redis::cmd("PING"))), "ERR");
+        node.disconnect(client);
         assert_eq!(node.command_on_reply(client, &["GET", "lock"]), Reply::Nil);
         assert_eq!(code(&node.command(&["EVALSHA", &sha, "0"])), "NOSCRIPT");
         assert_ne!(node.run_id(), run_id);
@@ -948,9 +948,10 @@ mod tests {
         );
         node.command(&["SET", "k", "v"]);
         node.cut_off(cut);
-        let client = node.connect();
+        let client = 1;
+        node.send_command(client, &["PING"]);
         node.restart();
-        assert_eq!(node.command_on(client, &["PING"]), Answer::Closed);
+        assert_eq!(node.send_command(client, &["PING"]), Answer::Closed);
         assert!(node.replica_keys(linked).is_empty());
         assert_eq!(node.replica_keys(cut).len(), 1);
         // Back, the cut-off replica syncs in full with the master it now follows.
