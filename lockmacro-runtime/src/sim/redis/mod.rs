@@ -6,10 +6,10 @@
 //! A node is one shard: a master and its replicas ([`Node::add_replica`]), each a keyspace of
 //! its own. The master sends its replicas the effects of its writes as Redis 7 does (a script's
 //! writes, expiries made absolute); each replica has them a lag after they were made, the lag
-//! the caller's to draw, and can be cut off. Clients talk to the master on connections
-//! ([`Node::connect`]), each remembering its last write for `WAIT`; the node cannot block, so a
-//! `WAIT` that must wait is handed back ([`Answer::Waiting`]) for the caller to wait out in
-//! simulated time. A failover promotes any replica, a lagging one too ([`Node::fail_over`]).
+//! the caller's to draw, and can be cut off. Clients talk to the master on connections (ids
+//! their client gives, [`Node::send`]), each remembering its last write for `WAIT`; the node
+//! cannot block, so a `WAIT` that must wait is handed back ([`Answer::Waiting`]) for the caller
+//! to wait out in simulated time. A failover promotes any replica, a lagging one too ([`Node::fail_over`]).
 //!
 //! It is kept honest by the differential test (`tests/sim_redis.rs`), which runs the same
 //! histories here and on a real `redis-server` and compares every reply and the keyspace, and
