@@ -16,6 +16,11 @@
 //! within the slack, and a step that ran near one anyway ends its history there (counted, not
 //! failed), as does a step slower than [`SLOWEST_STEP_MS`].
 //!
+//! Replication has a test of its own, on a real master with a real replica: `WAIT` per
+//! connection (answered at once, caught up, timed out with the replica cut off), the
+//! replica's copy of a script's writes (expiries absolute), no script on the replica, and
+//! `INFO replication` and `server` line by line as the store reads them.
+//!
 //! `LOCKMACRO_SIM_REDIS_HISTORIES=n` runs more histories; `LOCKMACRO_SIM_REDIS_SEED=s` runs the
 //! one history of seed `s` (a failure names it).
 
@@ -25,7 +30,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use lockmacro_runtime::__sim::Stream;
-use lockmacro_runtime::__sim::redis_node::{Node, Published, Stored, store_scripts};
+use lockmacro_runtime::__sim::redis_node::{Answer, Entry, Node, Published, Stored, store_scripts};
 use redis::Value;
 use testkit::RedisServer;
 
@@ -523,9 +528,13 @@ fn real_keyspace(wire: &mut Wire) -> (Keyspace, u64) {
 }
 
 fn node_keyspace(node: &Node) -> Keyspace {
+    as_compared(node.keys())
+}
+
+/// A node's keys (its master's, or a replica's) as they are compared.
+fn as_compared(keys: Vec<(Vec<u8>, Entry)>) -> Keyspace {
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    node.keys()
-        .into_iter()
+    keys.into_iter()
         .map(|(key, entry)| {
             let contents = match &entry.value {
                 Stored::String(value) => vec![text(value)],
@@ -864,8 +873,19 @@ fn env_number(name: &str) -> Option<u64> {
     })
 }
 
+/// One test at a time: the histories judge the node's clock readings against the server's,
+/// which a replica's sync (a fork) beside them would delay.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn the_simulated_redis_answers_as_a_real_one() {
+    let _alone = alone();
     let mut server = RedisServer::start();
     let seeds: Vec<u64> = match env_number("LOCKMACRO_SIM_REDIS_SEED") {
         Some(seed) => vec![seed],
@@ -900,5 +920,232 @@ fn the_simulated_redis_answers_as_a_real_one() {
         cut_short * 4 <= seeds.len(),
         "{cut_short} of {} histories ran into a deadline: the guard does not keep steps off them",
         seeds.len()
+    );
+}
+
+/// The lines of an `INFO` reply, `name:value`, as pairs.
+fn info_lines(reply: &Value) -> Vec<(String, String)> {
+    let Value::BulkString(text) = reply else {
+        panic!("INFO answered {reply:?}")
+    };
+    String::from_utf8_lossy(text)
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect()
+}
+
+/// Whether every line the node prints, by name, is one the server prints, in the same order;
+/// the values the store reads (role, replicas and their state, whether the backlog is active)
+/// the same, and ids of 40 hex digits. A replica's line (`slaveN`) is compared by its fields.
+fn infos_agree(real: &Value, simulated: &Value) -> Result<(), String> {
+    let (real, simulated) = (info_lines(real), info_lines(simulated));
+    let mut names = real.iter().map(|(name, _)| name);
+    for (name, value) in &simulated {
+        if !names.any(|real_name| real_name == name) {
+            return Err(format!("`{name}` missing or out of order: real {real:?}"));
+        }
+        let real_value = &real.iter().find(|(n, _)| n == name).unwrap().1;
+        let agree = match name.as_str() {
+            "role" | "connected_slaves" | "repl_backlog_active" | "redis_mode" => {
+                real_value == value
+            }
+            "run_id" | "master_replid" | "master_replid2" => {
+                value.len() == 40 && value.chars().all(|c| c.is_ascii_hexdigit())
+            }
+            replica if replica.starts_with("slave") => {
+                let fields = |line: &str| -> Vec<(String, String)> {
+                    line.split(',')
+                        .filter_map(|field| field.split_once('='))
+                        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+                        .collect()
+                };
+                let (a, b) = (fields(real_value), fields(value));
+                let names = |fields: &[(String, String)]| -> Vec<String> {
+                    fields.iter().map(|(n, _)| n.clone()).collect()
+                };
+                let state = |fields: &[(String, String)]| fields[2].1.clone();
+                names(&a) == names(&b) && state(&a) == state(&b)
+            }
+            _ => true,
+        };
+        if !agree {
+            return Err(format!("`{name}`: real {real_value}, simulated {value}"));
+        }
+    }
+    Ok(())
+}
+
+/// Polls `server` (for up to 10 s) until its `INFO replication` has `line`.
+fn until_info_has(server: &RedisServer, line: &str) {
+    let started = Instant::now();
+    while !info_lines(&server.command(&["INFO", "replication"]))
+        .iter()
+        .any(|(name, value)| format!("{name}:{value}").contains(line))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no `{line}` in INFO replication"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `args` on `wire` and on `node`'s `on`, the node's clock at the server's (read on a
+/// connection of its own: Redis 7.0's `WAIT` counts from a connection's last command, a `TIME`
+/// too), the replies compared; `timed_out`: a `WAIT` the node hands back is answered as at its
+/// timeout.
+fn both(
+    (node, clock): (&mut Node, &mut Wire),
+    wire: &mut Wire,
+    on: u64,
+    args: &[&str],
+    timed_out: bool,
+) -> Value {
+    let args = strings(args);
+    node.set_clock(clock.now_micros());
+    let real = wire.call(&args);
+    let simulated = match node.send_command(on, &args) {
+        Answer::Reply(reply) => reply,
+        Answer::Waiting(wait) if timed_out => match node.wait_timed_out(&wait) {
+            Answer::Reply(reply) => reply,
+            other => panic!("{args:?} timed out as {other:?}"),
+        },
+        other => panic!("{args:?} answered {other:?}"),
+    };
+    assert_eq!(real, simulated, "{args:?}");
+    real
+}
+
+#[test]
+fn wait_and_info_replication_answer_as_a_real_masters() {
+    let _alone = alone();
+    let started = Instant::now();
+    // A replica's first sync at once, not after Redis 7's 5 s for others to join it.
+    let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    until_info_has(&master, "state=online");
+    let synced = started.elapsed();
+    let mut node = Node::new(7);
+    let simulated_replica = node.add_replica(Duration::ZERO);
+    let (mut writer, mut reader) = (Wire::open(&master), Wire::open(&master));
+    let mut clock = Wire::open(&master);
+    let (node_writer, node_reader) = (1, 2);
+    let judge = Judge { slack_ms: SLACK_MS };
+    // No write on the connection yet: every replica has what it wrote.
+    both(
+        (&mut node, &mut clock),
+        &mut reader,
+        node_reader,
+        &["WAIT", "1", "0"],
+        false,
+    );
+    let write = "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 60000) \
+                 redis.call('PEXPIRE', KEYS[1], 50000) \
+                 redis.call('HSET', KEYS[2], 'holder', ARGV[1]) \
+                 redis.call('PEXPIRE', KEYS[2], 40000) return 1";
+    let sha = both(
+        (&mut node, &mut clock),
+        &mut writer,
+        node_writer,
+        &["SCRIPT", "LOAD", write],
+        false,
+    );
+    let sha = String::from_utf8(bytes(&sha)).unwrap();
+    both(
+        (&mut node, &mut clock),
+        &mut writer,
+        node_writer,
+        &["EVALSHA", &sha, "2", "lock", "waiters", "me"],
+        false,
+    );
+    // Caught up: the one replica acknowledged the write; two never come, and the timeout says 1.
+    // (A real `WAIT` that blocked has the master ask its replicas for an acknowledgement, in the
+    // stream: Redis 7.0 then has a `WAIT` of a connection that sent a command since wait for
+    // its answer, a round trip away, so such a `WAIT` asks for a replica that answers.)
+    both(
+        (&mut node, &mut clock),
+        &mut writer,
+        node_writer,
+        &["WAIT", "1", "5000"],
+        false,
+    );
+    both(
+        (&mut node, &mut clock),
+        &mut writer,
+        node_writer,
+        &["WAIT", "2", "100"],
+        true,
+    );
+    both(
+        (&mut node, &mut clock),
+        &mut reader,
+        node_reader,
+        &["WAIT", "1", "5000"],
+        false,
+    );
+    // The replica has the script's writes, their expiries as the master set them, not the
+    // script: a promoted replica answers `NOSCRIPT`.
+    let (real_copy, _) = real_keyspace(&mut Wire::open(&replica));
+    let (real_original, _) = real_keyspace(&mut writer);
+    let copied = as_compared(node.replica_keys(simulated_replica));
+    for (real, simulated) in [(&real_original, &real_copy), (&real_copy, &copied)] {
+        if let Some(difference) = judge.keyspace_difference(real, simulated) {
+            panic!("the replica's copy: {difference}");
+        }
+    }
+    assert_eq!(
+        replica.command(&["SCRIPT", "EXISTS", &sha]),
+        Value::Array(vec![Value::Int(0)]),
+        "Redis propagates no script to a replica"
+    );
+    let info = |wire: &mut Wire, node: &mut Node, section: &str| {
+        let args = strings(&["INFO", section]);
+        let (real, simulated) = (wire.call(&args), node.command(&args));
+        if let Err(difference) = infos_agree(&real, &simulated) {
+            panic!("INFO {section}: {difference}");
+        }
+    };
+    info(&mut reader, &mut node, "replication");
+    info(&mut reader, &mut node, "server");
+
+    // The replica cut off: the master lists it no more and a write waits for it in vain.
+    {
+        let _cut = replica.cut_off_from(&master);
+        node.cut_off(simulated_replica);
+        until_info_has(&master, "connected_slaves:0");
+        both(
+            (&mut node, &mut clock),
+            &mut writer,
+            node_writer,
+            &["EVALSHA", &sha, "2", "lock:2", "w:2", "me"],
+            false,
+        );
+        both(
+            (&mut node, &mut clock),
+            &mut writer,
+            node_writer,
+            &["WAIT", "1", "100"],
+            true,
+        );
+        info(&mut reader, &mut node, "replication");
+    }
+    // Back, it resyncs and acknowledges the write it missed.
+    let back = Instant::now();
+    node.reconnect(simulated_replica);
+    both(
+        (&mut node, &mut clock),
+        &mut writer,
+        node_writer,
+        &["WAIT", "1", "10000"],
+        false,
+    );
+    until_info_has(&master, "state=online");
+    info(&mut reader, &mut node, "replication");
+    eprintln!(
+        "replication compared in {:?}: the replica synced in {synced:?}, back from its cut in {:?}",
+        started.elapsed(),
+        back.elapsed()
     );
 }

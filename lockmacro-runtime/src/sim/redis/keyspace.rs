@@ -77,6 +77,10 @@ pub(crate) struct Keyspace {
     pub(crate) published: Vec<Published>,
     /// Subscribers per (sharded, channel): what `PUBLISH` answers.
     pub(crate) subscribers: BTreeMap<(bool, Vec<u8>), i64>,
+    /// The writes made since last taken, as a Redis 7 master sends them to its replicas: each
+    /// write that changed something, a relative expiry made absolute (`SET ... PXAT`,
+    /// `PEXPIREAT`, or `DEL` for one already past), and a `DEL` for each key found expired.
+    pub(crate) effects: Vec<Vec<Vec<u8>>>,
 }
 
 type Outcome = Result<Reply, String>;
@@ -98,16 +102,78 @@ impl Keyspace {
             .filter(move |(_, entry)| !expired(entry, now))
     }
 
-    /// Forgets every key (a restart of a server without persistence).
-    pub(crate) fn clear(&mut self) {
-        self.entries.clear();
-        self.subscribers.clear();
+    /// Its data and clock, as a full sync gives them to a replica: no subscriber, nothing
+    /// published or to propagate.
+    pub(crate) fn copy(&self) -> Self {
+        Self {
+            entries: self.entries.clone(),
+            now_us: self.now_us,
+            ..Self::default()
+        }
     }
 
-    /// Runs one command that is not about scripts or the server.
+    /// Runs one command that is not about scripts or the server, noting its effects.
     pub(crate) fn execute(&mut self, args: &Args) -> Reply {
         let name = args.name();
-        let outcome = match name.as_str() {
+        let Some(keys) = written_keys(&name, args) else {
+            return self.run(&name, args);
+        };
+        let before: Vec<Option<Entry>> = keys.iter().map(|key| self.live_entry(key)).collect();
+        let reply = self.run(&name, args);
+        if matches!(reply, Reply::ServerError(_)) {
+            return reply;
+        }
+        let after: Vec<Option<Entry>> = keys.iter().map(|key| self.live_entry(key)).collect();
+        // Redis propagates a command that made the server dirty: `HSET`, `RPUSH`, `PUBLISH` and a
+        // `SET` its condition let through do even when the value stays the same.
+        let dirty = match name.as_str() {
+            "HSET" | "RPUSH" | "PUBLISH" | "SPUBLISH" => true,
+            "SET" => {
+                let given = |option: &str| (3..args.len()).any(|at| args.upper(at) == option);
+                !(given("NX") && before[0].is_some() || given("XX") && before[0].is_none())
+            }
+            _ => before != after,
+        };
+        if dirty {
+            let effect = self.propagated(&name, args, after.first().cloned().flatten());
+            self.effects.push(effect);
+        }
+        reply
+    }
+
+    /// A write as a Redis 7 master propagates it (`propagate` and `setGenericCommand`,
+    /// `expireGenericCommand`): expiries absolute, the rest as sent. `entry` is the first key's
+    /// after the write.
+    fn propagated(&self, name: &str, args: &Args, entry: Option<Entry>) -> Vec<Vec<u8>> {
+        let key = args.bytes(1).to_vec();
+        let expiry = entry.and_then(|entry| entry.expires_at_ms);
+        let relative =
+            (3..args.len()).any(|at| matches!(args.upper(at).as_str(), "EX" | "PX" | "EXAT"));
+        match (name, expiry) {
+            ("SET", Some(at)) if relative => vec![
+                b"SET".to_vec(),
+                key,
+                args.bytes(2).to_vec(),
+                b"PXAT".to_vec(),
+                at.to_string().into_bytes(),
+            ],
+            ("PEXPIRE", Some(at)) => vec![b"PEXPIREAT".to_vec(), key, at.to_string().into_bytes()],
+            ("PEXPIRE", None) => vec![b"DEL".to_vec(), key],
+            _ => args.from(0).to_vec(),
+        }
+    }
+
+    /// `key`'s entry when live, without deleting an expired one.
+    fn live_entry(&self, key: &[u8]) -> Option<Entry> {
+        let now = self.now_ms();
+        self.entries
+            .get(key)
+            .filter(|entry| !expired(entry, now))
+            .cloned()
+    }
+
+    fn run(&mut self, name: &str, args: &Args) -> Reply {
+        let outcome = match name {
             "PING" => Ok(match args.len() {
                 1 => Reply::SimpleString("PONG".into()),
                 _ => Reply::BulkString(args.bytes(1).to_vec()),
@@ -120,7 +186,8 @@ impl Keyspace {
             "DEL" => args.at_least(2).map(|()| self.del(args)),
             "EXISTS" => args.at_least(2).map(|()| self.exists(args)),
             "TYPE" => args.exactly(2).map(|()| self.type_of(args.bytes(1))),
-            "PEXPIRE" => args.exactly(3).and_then(|()| self.pexpire(args)),
+            "PEXPIRE" => args.exactly(3).and_then(|()| self.pexpire(args, false)),
+            "PEXPIREAT" => args.exactly(3).and_then(|()| self.pexpire(args, true)),
             "PTTL" => args.exactly(2).map(|()| self.pttl(args.bytes(1))),
             "HSET" => self.hset(args),
             "HGET" => args.exactly(3).and_then(|()| self.hget(args)),
@@ -140,7 +207,7 @@ impl Keyspace {
             "PUBLISH" => args.exactly(3).map(|()| self.publish(args, false)),
             "SPUBLISH" => args.exactly(3).map(|()| self.publish(args, true)),
             "SCAN" => self.scan(args),
-            _ => Err(reply::not_simulated(&name)),
+            _ => Err(reply::not_simulated(name)),
         };
         outcome.unwrap_or_else(|message| reply::error(&message))
     }
@@ -154,6 +221,7 @@ impl Keyspace {
             .is_some_and(|entry| expired(entry, now))
         {
             self.entries.remove(key);
+            self.effects.push(vec![b"DEL".to_vec(), key.to_vec()]);
         }
         self.entries.get_mut(key)
     }
@@ -328,16 +396,17 @@ impl Keyspace {
         Reply::SimpleString(name.into())
     }
 
-    /// `PEXPIRE key ms`; a time already past deletes the key. Its options (`NX`, `GT`, ...) are
-    /// not simulated: the arity check refuses them.
-    fn pexpire(&mut self, args: &Args) -> Outcome {
+    /// `PEXPIRE key ms` (`PEXPIREAT key at` when `absolute`, as a replica receives it); a time
+    /// already past deletes the key. Their options (`NX`, `GT`, ...) are not simulated: the arity
+    /// check refuses them.
+    fn pexpire(&mut self, args: &Args, absolute: bool) -> Outcome {
         let ms = args.integer(2).ok_or(NOT_AN_INTEGER)?;
         let now = self.now_ms();
         let key = args.bytes(1);
         let Some(entry) = self.entry(key) else {
             return Ok(Reply::Int(0));
         };
-        let when = now as i64 + ms;
+        let when = if absolute { ms } else { now as i64 + ms };
         if when <= now as i64 {
             self.entries.remove(key);
         } else {
@@ -614,7 +683,16 @@ impl Keyspace {
             at += 2;
         }
         let now = self.now_ms();
-        self.entries.retain(|_, entry| !expired(entry, now));
+        let gone: Vec<Vec<u8>> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| expired(entry, now))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            self.entries.remove(&key);
+            self.effects.push(vec![b"DEL".to_vec(), key]);
+        }
         let mut order: Vec<(u64, &Vec<u8>)> = self
             .entries
             .keys()
@@ -638,6 +716,18 @@ impl Keyspace {
             reply::bulk_number(next),
             Reply::Array(keys),
         ]))
+    }
+}
+
+/// The keys a write command changes, `None` for a command that writes nothing (`PUBLISH`
+/// changes no key but is propagated).
+fn written_keys(name: &str, args: &Args) -> Option<Vec<Vec<u8>>> {
+    match name {
+        "DEL" => Some(args.from(1).to_vec()),
+        "SET" | "PEXPIRE" | "PEXPIREAT" | "HSET" | "HDEL" | "RPUSH" | "LPOP" | "LREM" | "ZADD"
+        | "ZREM" | "ZREMRANGEBYSCORE" => Some(vec![args.bytes(1).to_vec()]),
+        "PUBLISH" | "SPUBLISH" => Some(Vec::new()),
+        _ => None,
     }
 }
 

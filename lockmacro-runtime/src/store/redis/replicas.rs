@@ -514,6 +514,38 @@ mod tests {
         assert!(stale(RECOUNT, second + 1));
     }
 
+    /// The simulated Redis's `INFO replication` (`sim::redis`) read as a real server's.
+    #[cfg(feature = "sim")]
+    #[test]
+    fn reads_the_simulated_masters_replicas() {
+        use crate::sim::redis::Node;
+
+        let info = |node: &mut Node| match node.command(&["INFO", "replication"]) {
+            redis::Value::BulkString(text) => on_a_server(&String::from_utf8(text).unwrap()),
+            other => panic!("INFO answered {other:?}"),
+        };
+        let count = |node: &mut Node| {
+            let replicas = Replicas::new(3, Duration::from_millis(500));
+            let counted = replicas.counted(None, &info(node));
+            let recount = replicas.shards().known[&None].recount;
+            (counted, recount)
+        };
+        let mut node = Node::new(1);
+        assert_eq!(count(&mut node), (0, nanos(RECOUNT_NEVER_REPLICATED)));
+        let first = node.add_replica(Duration::ZERO);
+        let second = node.add_replica(Duration::from_millis(100));
+        node.command(&["SET", "k", "v"]);
+        assert_eq!(count(&mut node), (2, nanos(RECOUNT)));
+        node.cut_off(second);
+        assert_eq!(count(&mut node), (1, nanos(RECOUNT)));
+        // The same master within `SILENT_AFTER` keeps its count; a failover is a new master.
+        let replicas = Replicas::new(3, Duration::from_millis(500));
+        node.reconnect(second);
+        assert_eq!(replicas.counted(None, &info(&mut node)), 2);
+        node.fail_over(first);
+        assert_eq!(replicas.counted(None, &info(&mut node)), 1);
+    }
+
     fn on_a_server(info: &str) -> Replication {
         Replication {
             info: info.to_owned(),
