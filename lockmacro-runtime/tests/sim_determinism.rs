@@ -631,7 +631,7 @@ fn world(seed: u64) -> Result<Trace, String> {
         .collect();
     __sim::run(seed, || async {
         let store = __sim::memory();
-        let network = Network::new(&store, scenario.clients.len());
+        let network = Network::new(scenario.clients.len());
         let recorder = Recorder {
             start: Instant::now(),
             events: Arc::default(),
@@ -639,7 +639,7 @@ fn world(seed: u64) -> Result<Trace, String> {
         let mut tasks = Vec::new();
         let mut index = 0;
         for (client, (skew, plans)) in scenario.clients.iter().enumerate() {
-            let link = network.link(client);
+            let link = network.link(&store, client);
             let locks = LockClient::simulated(&link, client as u32, *skew);
             let begins = match client >= scenario.busy_from {
                 true => network.healed_after() + GRACE,

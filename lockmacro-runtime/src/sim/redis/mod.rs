@@ -6,12 +6,16 @@
 //! It is kept honest by the differential test (`tests/sim_redis.rs`), which runs the same
 //! histories here and on a real `redis-server` and compares every reply and the keyspace.
 //!
-//! Left out, with what covers them meanwhile: replicas, `WAIT` and failovers (the real-server
-//! tests `tests/replicas.rs`, `tests/failover.rs`), Cluster slots and `MOVED`
-//! (`tests/cluster.rs`), connections and subscribers that receive (the node counts them and
-//! keeps what was published), options of commands the code never sends (`PEXPIRE NX`, `ZADD
-//! CH`, ...: an error naming them), active expiry (keys go when looked at, which is all a client
-//! can tell), memory limits and eviction.
+//! Every command comes on a connection (an id): subscriptions belong to one, and `WAIT` will
+//! count per connection once the node has replicas. Connections, their latencies and faults,
+//! and the delivery of what is published to subscribers are the simulated transport's
+//! ([`SimRedis`]), which puts the real `RedisStore` over a node.
+//!
+//! Left out, with what covers them meanwhile: replicas (`WAIT` answers as a master without
+//! replicas) and failovers (the real-server tests `tests/replicas.rs`, `tests/failover.rs`),
+//! Cluster slots and `MOVED` (`tests/cluster.rs`), options of commands the code never sends
+//! (`PEXPIRE NX`, `ZADD CH`, ...: an error naming them), active expiry (keys go when looked at,
+//! which is all a client can tell), memory limits and eviction.
 
 use std::time::Duration;
 
@@ -21,11 +25,13 @@ use self::keyspace::Keyspace;
 pub use self::keyspace::{Entry, Published, Stored};
 use self::reply::Args;
 use self::scripting::Scripting;
+pub use self::transport::{RedisLink, SimRedis};
 use super::Stream;
 
 mod keyspace;
 mod reply;
 mod scripting;
+pub(crate) mod transport;
 
 /// One simulated Redis server.
 pub struct Node {
@@ -51,14 +57,20 @@ impl Node {
         }
     }
 
-    /// Runs one command (its name first), as a client of the node would send it.
+    /// Runs one command (its name first), as a client of the node would send it (on
+    /// connection 0).
     pub fn command<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Reply {
         let args = Args::new(args.iter().map(|arg| arg.as_ref().to_vec()).collect());
-        self.execute(&args)
+        self.execute(0, &args)
     }
 
-    /// Runs a command built with redis-rs, as the store builds them.
+    /// Runs a command built with redis-rs, as the store builds them (on connection 0).
     pub fn cmd(&mut self, cmd: &::redis::Cmd) -> Reply {
+        self.cmd_on(0, cmd)
+    }
+
+    /// Runs a command built with redis-rs that came on `connection`.
+    pub fn cmd_on(&mut self, connection: u64, cmd: &::redis::Cmd) -> Reply {
         let args = cmd
             .args_iter()
             .map(|arg| match arg {
@@ -67,16 +79,62 @@ impl Node {
                 _ => b"0".to_vec(),
             })
             .collect();
-        self.execute(&Args::new(args))
+        self.execute(connection, &Args::new(args))
     }
 
-    fn execute(&mut self, args: &Args) -> Reply {
+    fn execute(&mut self, connection: u64, args: &Args) -> Reply {
         match args.name().as_str() {
             "EVAL" => self.eval(args, false),
             "EVALSHA" => self.eval(args, true),
             "SCRIPT" => self.script(args),
             "INFO" => self.info(args),
+            "WAIT" => self.wait(connection, args),
+            "SUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "SUNSUBSCRIBE" => {
+                self.subscription(connection, args)
+            }
             _ => self.keyspace.execute(args),
+        }
+    }
+
+    /// `SUBSCRIBE channel...` and its kin, on `connection`: the confirmation of the last channel
+    /// (Redis sends one per channel), with how many channels of that kind it listens to.
+    fn subscription(&mut self, connection: u64, args: &Args) -> Reply {
+        if let Err(message) = args.at_least(2) {
+            return reply::error(&message);
+        }
+        let name = args.name();
+        let sharded = matches!(name.as_str(), "SSUBSCRIBE" | "SUNSUBSCRIBE");
+        let subscribing = !name.contains("UNSUB");
+        for channel in args.from(1) {
+            match subscribing {
+                true => self.subscribe(connection, channel, sharded),
+                false => self.unsubscribe(connection, channel, sharded),
+            }
+        }
+        let listening = self
+            .keyspace
+            .subscribers
+            .iter()
+            .filter(|((kind, _), ids)| *kind == sharded && ids.contains(&connection))
+            .count();
+        Reply::Array(vec![
+            Reply::BulkString(name.to_lowercase().into_bytes()),
+            Reply::BulkString(args.bytes(args.len() - 1).to_vec()),
+            Reply::Int(listening as i64),
+        ])
+    }
+
+    /// `WAIT numreplicas timeout`: how many replicas have every write `connection` sent. None
+    /// here (no replicas yet); a caller that asked for more is answered once its timeout ran
+    /// out, which is the transport's to time.
+    fn wait(&mut self, connection: u64, args: &Args) -> Reply {
+        let _ = connection;
+        if let Err(message) = args.exactly(3) {
+            return reply::error(&message);
+        }
+        match (args.integer(1), args.integer(2)) {
+            (Some(wanted), Some(timeout)) if wanted >= 0 && timeout >= 0 => Reply::Int(0),
+            _ => reply::error("ERR value is not an integer or out of range"),
         }
     }
 
@@ -195,14 +253,40 @@ impl Node {
         self.replication_id = hex_id(&mut self.ids);
     }
 
-    /// One more subscriber of `channel` (`SSUBSCRIBE` when `sharded`): what a `PUBLISH` to it
-    /// answers.
-    pub fn subscribe(&mut self, channel: &[u8], sharded: bool) {
-        *self
-            .keyspace
-            .subscribers
-            .entry((sharded, channel.to_vec()))
-            .or_default() += 1;
+    /// Subscribes `connection` to `channel` (`SSUBSCRIBE` when `sharded`): it hears what is
+    /// published there, and a `PUBLISH` counts it.
+    pub fn subscribe(&mut self, connection: u64, channel: &[u8], sharded: bool) {
+        let subscribers = &mut self.keyspace.subscribers;
+        let listening = subscribers.entry((sharded, channel.to_vec())).or_default();
+        listening.insert(connection);
+    }
+
+    /// Ends `connection`'s subscription to `channel`.
+    pub fn unsubscribe(&mut self, connection: u64, channel: &[u8], sharded: bool) {
+        let subscribers = &mut self.keyspace.subscribers;
+        let key = (sharded, channel.to_vec());
+        if let Some(listening) = subscribers.get_mut(&key) {
+            listening.remove(&connection);
+            if listening.is_empty() {
+                subscribers.remove(&key);
+            }
+        }
+    }
+
+    /// `connection` closed: its subscriptions end.
+    pub fn disconnect(&mut self, connection: u64) {
+        let subscribers = &mut self.keyspace.subscribers;
+        subscribers.retain(|_, listening| {
+            listening.remove(&connection);
+            !listening.is_empty()
+        });
+    }
+
+    /// The connections that hear `published`, in id order.
+    pub fn listeners(&self, published: &Published) -> Vec<u64> {
+        let key = (published.sharded, published.channel.clone());
+        let listening = self.keyspace.subscribers.get(&key);
+        listening.map_or_else(Vec::new, |ids| ids.iter().copied().collect())
     }
 
     /// What was published since the last call, in order.

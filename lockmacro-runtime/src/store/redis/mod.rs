@@ -24,8 +24,8 @@ use super::{
 };
 use crate::error::{LockError, LostReason};
 use crate::health::Health;
-pub(crate) use replicas::NotAcknowledged;
-use replicas::{Needed, Replicas, Replication, Turn};
+use replicas::{Needed, Replicas, Turn};
+pub(crate) use replicas::{NotAcknowledged, Replication};
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
@@ -229,14 +229,14 @@ pub(crate) enum SendError {
 
 impl SendError {
     /// `err`, whose request may have run when `unknown`.
-    fn new(err: RedisError, unknown: bool) -> Self {
+    pub(crate) fn new(err: RedisError, unknown: bool) -> Self {
         match unknown {
             true => Self::Unknown(StoreError::unavailable(err)),
             false => Self::Answered(err),
         }
     }
 
-    fn into_store_error(self) -> StoreError {
+    pub(crate) fn into_store_error(self) -> StoreError {
         match self {
             // A one-server client meets redirections only from a cluster node (a cluster
             // client follows them): the client was built for one server.
@@ -268,7 +268,7 @@ pub(crate) fn a_cluster_node(found: &dyn std::fmt::Display) -> LockError {
 
 /// Whether a failed request may have run without our hearing: no answer, a broken connection,
 /// or a reply of the wrong shape (replies and requests are out of step).
-fn unanswered(err: &RedisError) -> bool {
+pub(crate) fn unanswered(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()
         || err.is_timeout()
