@@ -764,6 +764,8 @@ impl<T: Transport> RedisStore<T> {
     /// that carried the `SET`, so it reaches Redis after it whatever happened; if that
     /// connection is gone, retried on a fresh one until the lease would have lapsed anyway.
     fn undo_acquire(&self, mut connection: T::Connection, abandoned: LeaseRef<'_>) {
+        #[cfg(feature = "sim")]
+        crate::sim::sometimes("an acquire of unknown outcome undone by the Redis store");
         let store = self.clone();
         let abandoned = OwnedLease::of(abandoned);
         self.settings().background.spawn(async move {
