@@ -427,7 +427,7 @@ impl Listener {
             wire.send(&args);
             for channel in &channels {
                 wire.read().expect("a subscription's acknowledgement");
-                node.subscribe(channel.as_bytes(), sharded);
+                node.subscribe(0, channel.as_bytes(), sharded);
             }
         }
         Self(wire)

@@ -161,9 +161,10 @@ impl LockClient {
     }
 
     /// Simulated process `n` of the deterministic simulator (feature `sim`), over `store` (an
-    /// in-memory store's hooks, or a link of the simulated network to one): runs on the
-    /// caller's runtime, names itself `sim-n` (`pid` `n`, app `sim`) in its lock values, and
-    /// reads a wall clock `wall_skew_ms` off the simulation's. Not an API for applications.
+    /// in-memory store's hooks, a link of the simulated network to one, or to the simulated
+    /// Redis): runs on the caller's runtime, names itself `sim-n` (`pid` `n`, app `sim`) in its
+    /// lock values, and reads a wall clock `wall_skew_ms` off the simulation's. Not an API for
+    /// applications.
     #[cfg(feature = "sim")]
     #[doc(hidden)]
     pub fn simulated(store: impl Into<crate::sim::Backing>, n: u32, wall_skew_ms: i64) -> Self {
@@ -182,14 +183,14 @@ impl LockClient {
         origin: crate::protocol::Origin,
         wall: crate::clock::Wall,
     ) -> Self {
-        Self::over_store_as(Arc::new(store.clone()), store, origin, wall)
+        Self::over_store_as(Arc::new(store.clone()), Some(store), origin, wall)
     }
 
-    /// A client over `store`, in front of the in-memory `memory` (its test hooks').
+    /// A client over `store`, in front of the in-memory `memory` (its test hooks'), if any.
     #[cfg(feature = "test-util")]
     fn over_store_as(
         store: Arc<dyn crate::store::Store>,
-        memory: crate::store::memory::MemoryStore,
+        memory: Option<crate::store::memory::MemoryStore>,
         origin: crate::protocol::Origin,
         wall: crate::clock::Wall,
     ) -> Self {
@@ -205,10 +206,7 @@ impl LockClient {
             deployment: "in memory".to_owned(),
             origin,
         });
-        Self {
-            memory: Some(memory),
-            ..client
-        }
+        Self { memory, ..client }
     }
 
     /// The one place a client is put together, whatever its deployment.

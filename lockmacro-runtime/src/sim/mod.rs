@@ -32,17 +32,19 @@ pub(crate) mod net;
 pub mod redis;
 
 /// What a simulated client runs over ([`LockClient::simulated`](crate::LockClient::simulated)):
-/// an in-memory store itself, or a [`net::Link`] of the simulated network to one.
+/// an in-memory store itself, a [`net::Link`] of the simulated network to one, or the real Redis
+/// store over a simulated Redis ([`redis::transport::RedisLink`]).
 pub struct Backing {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) memory: MemoryStore,
+    /// The in-memory store, for the client's test hooks.
+    pub(crate) memory: Option<MemoryStore>,
 }
 
 impl From<&MemoryHooks> for Backing {
     fn from(hooks: &MemoryHooks) -> Self {
         Self {
             store: Arc::new(hooks.store.clone()),
-            memory: hooks.store.clone(),
+            memory: Some(hooks.store.clone()),
         }
     }
 }
@@ -51,7 +53,7 @@ impl From<&net::Link> for Backing {
     fn from(link: &net::Link) -> Self {
         Self {
             store: link.store(),
-            memory: link.memory(),
+            memory: Some(link.memory()),
         }
     }
 }

@@ -1,7 +1,9 @@
-//! The simulated network between each simulated client and the store: a [`Store`] per client
-//! ([`Link`]) over one inner store, that gives every call a latency and, until the faults heal,
-//! what a network does to a Redis client: replies lost with their outcome unknown, announcements
-//! delayed or lost, subscriptions closed, a client cut off (partitioned) or paused for a while.
+//! The simulated network between each simulated client and the store: the faults of a world
+//! ([`Network`]), and tier one's [`Store`] per client ([`Link`]) over one in-memory store, that
+//! gives every call a latency and, until the faults heal, what a network does to a Redis client:
+//! replies lost with their outcome unknown, announcements delayed or lost, subscriptions closed,
+//! a client cut off (partitioned) or paused for a while. Tier two's transport to a simulated
+//! Redis draws its connections' fates from the same [`Network`].
 //!
 //! Every draw comes from the world's seed, from one stream per link, so a seed replays. Which
 //! kinds of fault a world has is drawn per seed (each kind on or off), and when they heal. A
@@ -97,11 +99,10 @@ struct Window {
     to: Instant,
 }
 
-/// The network of one world: the inner store, the faults and when they heal, each client's cuts
-/// and each link's stream.
-struct Net {
-    memory: MemoryStore,
-    inner: Arc<dyn Store>,
+/// The network of one world: the faults and when they heal, each client's cuts and each
+/// client's stream. Tier one's [`Link`]s and tier two's simulated Redis transport
+/// ([`crate::sim::redis::transport`]) both draw from it.
+pub(crate) struct Net {
     faults: Faults,
     start: Instant,
     healed_at: Instant,
@@ -114,9 +115,20 @@ struct Net {
 /// When the last request sent on a connection arrives, and when its last reply does: the next
 /// ones come after them, as on one Redis connection.
 #[derive(Clone, Copy)]
-struct Wire {
+pub(crate) struct Wire {
     requests: Instant,
     replies: Instant,
+}
+
+impl Wire {
+    /// A connection opened now.
+    pub(crate) fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            requests: now,
+            replies: now,
+        }
+    }
 }
 
 /// The simulated network of a world (see the module's docs): [`link`](Self::link) gives each
@@ -131,9 +143,9 @@ impl std::fmt::Debug for Network {
 }
 
 impl Network {
-    /// A network over the in-memory store of `memory` for `clients` clients, its faults drawn
-    /// from the world's seed (none outside a world, seed 0).
-    pub fn new(memory: &MemoryHooks, clients: usize) -> Self {
+    /// A network for `clients` clients, its faults drawn from the world's seed (none outside a
+    /// world, seed 0).
+    pub fn new(clients: usize) -> Self {
         let mut stream = super::stream(&[NET]);
         let faults = Faults::draw(&mut stream);
         let start = Instant::now();
@@ -160,14 +172,8 @@ impl Network {
         let streams = (0..clients)
             .map(|client| Mutex::new(super::stream(&[NET, LINK, client as u64])))
             .collect();
-        let wire = Wire {
-            requests: start,
-            replies: start,
-        };
         Self(Arc::new(Net {
-            wires: (0..clients).map(|_| Mutex::new(wire)).collect(),
-            memory: memory.store.clone(),
-            inner: Arc::new(memory.store.clone()),
+            wires: (0..clients).map(|_| Mutex::new(Wire::new())).collect(),
             faults,
             start,
             healed_at,
@@ -176,16 +182,29 @@ impl Network {
         }))
     }
 
-    /// Client `client`'s way to the store, for [`LockClient::simulated`](crate::LockClient::simulated).
-    pub fn link(&self, client: usize) -> Link {
+    /// Client `client`'s way to the in-memory store of `memory`, for
+    /// [`LockClient::simulated`](crate::LockClient::simulated).
+    pub fn link(&self, memory: &MemoryHooks, client: usize) -> Link {
+        Link {
+            net: self.net(client),
+            client,
+            inner: Arc::new(memory.store.clone()),
+            memory: memory.store.clone(),
+        }
+    }
+
+    /// The network, for a part of client `client`.
+    pub(crate) fn net(&self, client: usize) -> Arc<Net> {
         assert!(
             client < self.0.streams.len(),
             "no client {client} in this network"
         );
-        Link {
-            net: self.0.clone(),
-            client,
-        }
+        self.0.clone()
+    }
+
+    /// How many clients it has.
+    pub(crate) fn clients(&self) -> usize {
+        self.0.streams.len()
     }
 
     /// How long after the network was made every fault has healed.
@@ -227,23 +246,28 @@ const NET: u64 = 0x006e_6574;
 const LINK: u64 = 1;
 
 /// What becomes of one request: its latencies, and whether its reply is lost.
-struct Fate {
-    request: Duration,
-    reply: Duration,
-    lost: Option<Loss>,
+pub(crate) struct Fate {
+    pub(crate) request: Duration,
+    pub(crate) reply: Duration,
+    pub(crate) lost: Option<Loss>,
 }
 
 /// A lost reply: whether the command ran first, and whether the caller hears a reset (else
 /// nothing until its timeout).
 #[derive(Clone, Copy)]
-struct Loss {
-    ran: bool,
-    reset: bool,
+pub(crate) struct Loss {
+    pub(crate) ran: bool,
+    pub(crate) reset: bool,
 }
 
 impl Net {
-    fn faulty(&self) -> bool {
+    pub(crate) fn faulty(&self) -> bool {
         Instant::now() < self.healed_at
+    }
+
+    /// When every fault has healed.
+    pub(crate) fn healed_at(&self) -> Instant {
+        self.healed_at
     }
 
     /// The cut of `client` at `at`, if any.
@@ -256,7 +280,7 @@ impl Net {
 
     /// When something `client` sends or receives at `at` gets through: at once, or when its
     /// pause ends.
-    fn unpaused(&self, client: usize, at: Instant) -> Instant {
+    pub(crate) fn unpaused(&self, client: usize, at: Instant) -> Instant {
         match self.cut(client, at) {
             Some(window) if window.cut == Cut::Pause => {
                 sometimes("a message held by a pause");
@@ -266,13 +290,13 @@ impl Net {
         }
     }
 
-    fn partitioned(&self, client: usize, at: Instant) -> bool {
+    pub(crate) fn partitioned(&self, client: usize, at: Instant) -> bool {
         self.cut(client, at)
             .is_some_and(|window| window.cut == Cut::Partition)
     }
 
     /// The next partition of `client` from now on, if one is to come.
-    fn next_partition(&self, client: usize) -> Option<Instant> {
+    pub(crate) fn next_partition(&self, client: usize) -> Option<Instant> {
         let now = Instant::now();
         self.windows[client]
             .iter()
@@ -281,32 +305,45 @@ impl Net {
             .min()
     }
 
-    /// When a request of `client` sent now with `latency` arrives: after its pause, and after
-    /// the requests sent before it on its connection.
-    fn request_arrives(&self, client: usize, latency: Duration) -> Instant {
+    /// When a request of `client` sent now with `latency` on `wire` arrives: after its pause,
+    /// and after the requests sent before it on that connection.
+    pub(crate) fn request_arrives(
+        &self,
+        client: usize,
+        wire: &mut Wire,
+        latency: Duration,
+    ) -> Instant {
         let at = self.unpaused(client, Instant::now()) + latency;
-        let mut wire = lock(&self.wires[client]);
         wire.requests = wire.requests.max(at);
         wire.requests
     }
 
-    /// When a reply to `client` sent now with `latency` arrives, as
-    /// [`request_arrives`](Self::request_arrives).
-    fn reply_arrives(&self, client: usize, latency: Duration) -> Instant {
+    /// When a reply (or a message pushed) to `client` sent now with `latency` on `wire`
+    /// arrives, as [`request_arrives`](Self::request_arrives).
+    pub(crate) fn reply_arrives(
+        &self,
+        client: usize,
+        wire: &mut Wire,
+        latency: Duration,
+    ) -> Instant {
         let at = self.unpaused(client, Instant::now()) + latency;
-        let mut wire = lock(&self.wires[client]);
         wire.replies = wire.replies.max(at);
         wire.replies
     }
 
-    fn stream(&self, client: usize) -> std::sync::MutexGuard<'_, Stream> {
+    /// `client`'s own connection (tier one has one a client).
+    fn wire(&self, client: usize) -> std::sync::MutexGuard<'_, Wire> {
+        lock(&self.wires[client])
+    }
+
+    pub(crate) fn stream(&self, client: usize) -> std::sync::MutexGuard<'_, Stream> {
         lock(&self.streams[client])
     }
 
     /// One way's latency: small, or (with the edges fault) near the starvation bound, near
     /// the end of a lease of `ttl` (a renewal sent at a third landing at its end), or near the
     /// response timeout.
-    fn latency(&self, client: usize, ttl: Option<Duration>) -> Duration {
+    pub(crate) fn latency(&self, client: usize, ttl: Option<Duration>) -> Duration {
         let mut stream = self.stream(client);
         if !self.faulty() {
             return stream.millis(0, HEALED_LATENCY_MS);
@@ -337,7 +374,7 @@ impl Net {
         }
     }
 
-    fn fate(&self, client: usize, ttl: Option<Duration>) -> Fate {
+    pub(crate) fn fate(&self, client: usize, ttl: Option<Duration>) -> Fate {
         let request = self.latency(client, ttl);
         let reply = self.latency(client, ttl);
         let lost = (self.faulty() && self.faults.lost_replies).then(|| {
@@ -360,7 +397,7 @@ impl Net {
     }
 
     /// How long an announcement heard now takes to reach the client.
-    fn announcement_delay(&self, client: usize) -> Duration {
+    pub(crate) fn announcement_delay(&self, client: usize) -> Duration {
         if self.faulty() && self.faults.slow_announcements {
             let mut stream = self.stream(client);
             if stream.percent(30) {
@@ -372,7 +409,7 @@ impl Net {
     }
 
     /// When a feed opened now closes on its own, if it does before the faults heal.
-    fn feed_closes_at(&self, client: usize) -> Option<Instant> {
+    pub(crate) fn feed_closes_at(&self, client: usize) -> Option<Instant> {
         let drawn = (self.faulty() && self.faults.closed_feeds)
             .then(|| Instant::now() + self.stream(client).millis(10, 2_000))
             .filter(|at| *at < self.healed_at);
@@ -384,28 +421,38 @@ impl Net {
 }
 
 /// The error a Redis connection gives when it drops: it heals, so a waiting caller looks again.
-fn reset() -> StoreError {
+pub(crate) fn reset_error() -> redis::RedisError {
     let error = io::Error::new(
         io::ErrorKind::ConnectionReset,
         "connection reset (simulated)",
     );
-    StoreError::unavailable(redis::RedisError::from(error))
+    redis::RedisError::from(error)
 }
 
 /// The error of a connection a partition refuses.
-fn refused() -> StoreError {
+pub(crate) fn refused_error() -> redis::RedisError {
     let error = io::Error::new(
         io::ErrorKind::ConnectionRefused,
         "connection refused (simulated partition)",
     );
-    StoreError::unavailable(redis::RedisError::from(error))
+    redis::RedisError::from(error)
 }
 
-/// One simulated client's way to the store (see [`Network`]).
+fn reset() -> StoreError {
+    StoreError::unavailable(reset_error())
+}
+
+fn refused() -> StoreError {
+    StoreError::unavailable(refused_error())
+}
+
+/// One simulated client's way to an in-memory store (see [`Network`]).
 #[derive(Clone)]
 pub struct Link {
     net: Arc<Net>,
     client: usize,
+    inner: Arc<dyn Store>,
+    memory: MemoryStore,
 }
 
 impl Link {
@@ -416,7 +463,7 @@ impl Link {
 
     /// The in-memory store behind the network.
     pub(crate) fn memory(&self) -> MemoryStore {
-        self.net.memory.clone()
+        self.memory.clone()
     }
 
     /// Sends `apply` (the inner store's call, owning what it needs) and waits at most `budget`
@@ -447,7 +494,7 @@ impl Link {
                 }
             };
         }
-        let arrives = net.request_arrives(self.client, fate.request);
+        let arrives = net.request_arrives(self.client, &mut net.wire(self.client), fate.request);
         let runs = fate.lost.is_none_or(|loss| loss.ran);
         let handle = runs.then(|| {
             tokio::spawn(async move {
@@ -488,7 +535,7 @@ impl Link {
 
     /// A compare-and-delete of `lease` as an undone attempt, for [`call`](Self::call)'s `undo`.
     fn undo_of(&self, lease: LeaseRef<'_>) -> BoxFuture<'static, ()> {
-        let (inner, lease) = (self.net.inner.clone(), Self::owned_lease(lease));
+        let (inner, lease) = (self.inner.clone(), Self::owned_lease(lease));
         Box::pin(async move {
             sometimes("an acquire of unknown outcome undone");
             let _ = inner.release(lease.as_ref()).await;
@@ -540,7 +587,8 @@ impl<T: Send + 'static> InFlight<T> {
         let Some(value) = value else {
             return Err(reset());
         };
-        tokio::time::sleep_until(net.reply_arrives(client, fate.reply)).await;
+        let arrives = net.reply_arrives(client, &mut net.wire(client), fate.reply);
+        tokio::time::sleep_until(arrives).await;
         Ok(value)
     }
 }
@@ -559,7 +607,9 @@ impl<T: Send + 'static> Drop for InFlight<T> {
         // Sent after the request on its connection: it lands after it, whatever happened.
         let (handle, link) = (self.handle.take(), self.link.clone());
         let latency = link.net.latency(link.client, None);
-        let arrives = link.net.request_arrives(link.client, latency);
+        let arrives =
+            link.net
+                .request_arrives(link.client, &mut link.net.wire(link.client), latency);
         runtime.spawn(async move {
             if let Some(handle) = handle {
                 let _ = handle.await;
@@ -607,7 +657,7 @@ impl Store for Link {
         request: AcquireRequest<'a>,
         budget: Duration,
     ) -> BoxFuture<'a, Result<Acquired, StoreError>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let (key, value) = (request.key.to_owned(), request.value.to_owned());
         let AcquireRequest {
             kind,
@@ -643,7 +693,7 @@ impl Store for Link {
         request: ManyRequest<'a>,
         budget: Duration,
     ) -> BoxFuture<'a, Result<AcquiredMany, StoreError>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let (keys, value) = (request.keys.to_vec(), request.value.to_owned());
         let (ttl, waiting, reserving_since) =
             (request.ttl, request.waiting, request.reserving_since);
@@ -662,7 +712,7 @@ impl Store for Link {
     }
 
     fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let owned: Vec<OwnedRef> = leases
             .iter()
             .map(|lease| Self::owned_lease(*lease))
@@ -681,7 +731,7 @@ impl Store for Link {
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let owned = Self::owned_lease(lease);
         let apply: BoxFuture<'static, _> =
             Box::pin(async move { inner.release(owned.as_ref()).await });
@@ -692,11 +742,11 @@ impl Store for Link {
     }
 
     fn hands_over(&self) -> Option<&dyn HandsOver> {
-        self.net.inner.hands_over().map(|_| self as &dyn HandsOver)
+        self.inner.hands_over().map(|_| self as &dyn HandsOver)
     }
 
     fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let (owned_key, owned_token) = (key.to_owned(), token.to_owned());
         let apply: BoxFuture<'static, _> =
             Box::pin(async move { inner.leave(&owned_key, &owned_token).await });
@@ -704,7 +754,7 @@ impl Store for Link {
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let apply: BoxFuture<'static, _> = Box::pin(async move { inner.release_feed().await });
         Box::pin(async move {
             let feed = self.call(RESPONSE_TIMEOUT, None, apply, None).await??;
@@ -719,19 +769,19 @@ impl Store for Link {
     }
 
     fn connect(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let apply: BoxFuture<'static, _> = Box::pin(async move { inner.connect().await });
         Box::pin(async move { self.call(RESPONSE_TIMEOUT, None, apply, None).await? })
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Snapshot>, StoreError>> {
-        let (inner, key) = (self.net.inner.clone(), key.to_owned());
+        let (inner, key) = (self.inner.clone(), key.to_owned());
         let apply: BoxFuture<'static, _> = Box::pin(async move { inner.inspect(&key).await });
         Box::pin(async move { self.call(RESPONSE_TIMEOUT, None, apply, None).await? })
     }
 
     fn mark_watched<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (inner, key) = (self.net.inner.clone(), key.to_owned());
+        let (inner, key) = (self.inner.clone(), key.to_owned());
         let apply: BoxFuture<'static, _> = Box::pin(async move { inner.mark_watched(&key).await });
         Box::pin(async move { self.call(RESPONSE_TIMEOUT, None, apply, None).await? })
     }
@@ -741,14 +791,14 @@ impl Store for Link {
         prefix: &'a str,
         cursor: Cursor,
     ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        let (inner, prefix) = (self.net.inner.clone(), prefix.to_owned());
+        let (inner, prefix) = (self.inner.clone(), prefix.to_owned());
         let apply: BoxFuture<'static, _> =
             Box::pin(async move { inner.scan(&prefix, cursor).await });
         Box::pin(async move { self.call(RESPONSE_TIMEOUT, None, apply, None).await? })
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let (inner, key) = (self.net.inner.clone(), key.to_owned());
+        let (inner, key) = (self.inner.clone(), key.to_owned());
         let apply: BoxFuture<'static, _> = Box::pin(async move { inner.force_release(&key).await });
         Box::pin(async move { self.call(RESPONSE_TIMEOUT, None, apply, None).await? })
     }
@@ -756,7 +806,7 @@ impl Store for Link {
     fn health(&self) -> BoxFuture<'_, Health> {
         Box::pin(async move {
             tokio::time::sleep(self.net.latency(self.client, None)).await;
-            self.net.inner.health().await
+            self.inner.health().await
         })
     }
 }
@@ -767,7 +817,7 @@ impl HandsOver for Link {
         lease: LeaseRef<'a>,
         next: LeaseRef<'a>,
     ) -> BoxFuture<'a, Result<HandOver, StoreError>> {
-        let inner = self.net.inner.clone();
+        let inner = self.inner.clone();
         let (owned, owned_next) = (Self::owned_lease(lease), Self::owned_lease(next));
         let apply: BoxFuture<'static, _> = Box::pin(async move {
             let Some(store) = inner.hands_over() else {

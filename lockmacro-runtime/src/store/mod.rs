@@ -27,7 +27,7 @@ pub(crate) mod inspect;
 #[cfg(feature = "test-util")]
 pub(crate) mod memory;
 pub mod protocol;
-mod redis;
+pub(crate) mod redis;
 mod redlock;
 pub(crate) mod scripts;
 mod tls;

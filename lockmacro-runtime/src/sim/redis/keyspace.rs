@@ -6,7 +6,7 @@
 //! reply naming it, so a script or store that starts using one fails loudly rather than being
 //! answered by a guess.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ::redis::Value as Reply;
 
@@ -75,8 +75,9 @@ pub(crate) struct Keyspace {
     /// The node's clock, µs since the Unix epoch: `TIME`, expiries.
     pub(crate) now_us: u64,
     pub(crate) published: Vec<Published>,
-    /// Subscribers per (sharded, channel): what `PUBLISH` answers.
-    pub(crate) subscribers: BTreeMap<(bool, Vec<u8>), i64>,
+    /// The connections subscribed to each (sharded, channel): what `PUBLISH` counts and who
+    /// hears it.
+    pub(crate) subscribers: BTreeMap<(bool, Vec<u8>), BTreeSet<u64>>,
     /// The writes made since last taken, as a Redis 7 master sends them to its replicas: each
     /// write that changed something, a relative expiry made absolute (`SET ... PXAT`,
     /// `PEXPIREAT`, or `DEL` for one already past), and a `DEL` for each key found expired.
@@ -645,14 +646,13 @@ impl Keyspace {
         let listeners = self
             .subscribers
             .get(&(sharded, channel.clone()))
-            .copied()
-            .unwrap_or(0);
+            .map_or(0, BTreeSet::len);
         self.published.push(Published {
             sharded,
             channel,
             message: args.bytes(2).to_vec(),
         });
-        Reply::Int(listeners)
+        Reply::Int(listeners as i64)
     }
 
     /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]`. The cursor is a position in an order

@@ -15,14 +15,18 @@
 //! histories here and on a real `redis-server` and compares every reply and the keyspace, and
 //! compares `WAIT` and `INFO replication` with a real master's that has a real replica.
 //!
+//! Every command comes on a connection (an id): subscriptions belong to one, and `WAIT` counts
+//! per connection. Connections, their latencies and faults, and the delivery of what is
+//! published to subscribers are the simulated transport's ([`SimRedis`]), which puts the real
+//! `RedisStore` over a node.
+//!
 //! Left out, with what covers them meanwhile: how a failover is decided and announced (the
 //! caller picks the replica; Sentinel's switch message; `tests/failover.rs`), an old master
 //! demoted to a replica (it is gone: its connections closed), commands sent to a replica
 //! (`READONLY`), a replica slow to acknowledge what it applied or silent without being cut off
 //! (`lag` is always 0: `tests/replicas.rs` freezes a real one), the stream's `SELECT` and
 //! periodic `PING` (offsets grow as a real master's, not to the same numbers), Cluster slots and
-//! `MOVED` (`tests/cluster.rs`), connections and subscribers that receive (the node counts them
-//! and keeps what was published), `MULTI`, options of commands the code never sends (`PEXPIRE
+//! `MOVED` (`tests/cluster.rs`), `MULTI`, options of commands the code never sends (`PEXPIRE
 //! NX`, `ZADD CH`, ...: an error naming them), active expiry (keys go when looked at, which is
 //! all a client can tell), memory limits and eviction.
 
@@ -36,12 +40,14 @@ pub use self::keyspace::{Entry, Published, Stored};
 use self::replication::{Log, Replica};
 use self::reply::Args;
 use self::scripting::Scripting;
+pub use self::transport::{RedisLink, SimRedis};
 use super::Stream;
 
 mod keyspace;
 mod replication;
 mod reply;
 mod scripting;
+pub(crate) mod transport;
 
 /// One simulated Redis deployment of one shard: a master, the one that answers, and its
 /// replicas, each a keyspace of its own in the same world, on the same clock.
@@ -173,9 +179,15 @@ impl Node {
         self.run_on(connection, &args)
     }
 
-    /// Closes `connection` (its client dropped it): its id may be used again.
+    /// Closes `connection` (its client dropped it): its subscriptions end, and its id may be
+    /// used again.
     pub fn disconnect(&mut self, connection: u64) {
         self.connections.remove(&connection);
+        let subscribers = &mut self.master.keyspace.subscribers;
+        subscribers.retain(|_, listening| {
+            listening.remove(&connection);
+            !listening.is_empty()
+        });
     }
 
     /// An answer as a reply at once: a `WAIT` with the count now, a closed connection as an
@@ -210,7 +222,7 @@ impl Node {
         if args.name() == "WAIT" {
             return self.wait(connection, args);
         }
-        let reply = self.execute(args);
+        let reply = self.execute(connection, args);
         let effects = std::mem::take(&mut self.master.keyspace.effects);
         if !effects.is_empty() {
             self.master.log.append(self.master.keyspace.now_us, effects);
@@ -222,14 +234,46 @@ impl Node {
         Answer::Reply(reply)
     }
 
-    fn execute(&mut self, args: &Args) -> Reply {
+    fn execute(&mut self, connection: u64, args: &Args) -> Reply {
         match args.name().as_str() {
             "EVAL" => self.eval(args, false),
             "EVALSHA" => self.eval(args, true),
             "SCRIPT" => self.script(args),
             "INFO" => self.info(args),
+            "SUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "SUNSUBSCRIBE" => {
+                self.subscription(connection, args)
+            }
             _ => self.master.keyspace.execute(args),
         }
+    }
+
+    /// `SUBSCRIBE channel...` and its kin, on `connection`: the confirmation of the last channel
+    /// (Redis sends one per channel), with how many channels of that kind it listens to.
+    fn subscription(&mut self, connection: u64, args: &Args) -> Reply {
+        if let Err(message) = args.at_least(2) {
+            return reply::error(&message);
+        }
+        let name = args.name();
+        let sharded = matches!(name.as_str(), "SSUBSCRIBE" | "SUNSUBSCRIBE");
+        let subscribing = !name.contains("UNSUB");
+        for channel in args.from(1) {
+            match subscribing {
+                true => self.subscribe(connection, channel, sharded),
+                false => self.unsubscribe(connection, channel, sharded),
+            }
+        }
+        let listening = self
+            .master
+            .keyspace
+            .subscribers
+            .iter()
+            .filter(|((kind, _), ids)| *kind == sharded && ids.contains(&connection))
+            .count();
+        Reply::Array(vec![
+            Reply::BulkString(name.to_lowercase().into_bytes()),
+            Reply::BulkString(args.bytes(args.len() - 1).to_vec()),
+            Reply::Int(listening as i64),
+        ])
     }
 
     /// `WAIT numreplicas timeout`, as Redis answers it: at once when enough replicas
@@ -614,15 +658,31 @@ impl Node {
         }
     }
 
-    /// One more subscriber of `channel` (`SSUBSCRIBE` when `sharded`): what a `PUBLISH` to it
-    /// answers.
-    pub fn subscribe(&mut self, channel: &[u8], sharded: bool) {
-        *self
-            .master
-            .keyspace
-            .subscribers
-            .entry((sharded, channel.to_vec()))
-            .or_default() += 1;
+    /// Subscribes `connection` to `channel` (`SSUBSCRIBE` when `sharded`): it hears what is
+    /// published there, and a `PUBLISH` counts it.
+    pub fn subscribe(&mut self, connection: u64, channel: &[u8], sharded: bool) {
+        let subscribers = &mut self.master.keyspace.subscribers;
+        let listening = subscribers.entry((sharded, channel.to_vec())).or_default();
+        listening.insert(connection);
+    }
+
+    /// Ends `connection`'s subscription to `channel`.
+    pub fn unsubscribe(&mut self, connection: u64, channel: &[u8], sharded: bool) {
+        let subscribers = &mut self.master.keyspace.subscribers;
+        let key = (sharded, channel.to_vec());
+        if let Some(listening) = subscribers.get_mut(&key) {
+            listening.remove(&connection);
+            if listening.is_empty() {
+                subscribers.remove(&key);
+            }
+        }
+    }
+
+    /// The connections that hear `published`, in id order.
+    pub fn listeners(&self, published: &Published) -> Vec<u64> {
+        let key = (published.sharded, published.channel.clone());
+        let listening = self.master.keyspace.subscribers.get(&key);
+        listening.map_or_else(Vec::new, |ids| ids.iter().copied().collect())
     }
 
     /// What was published since the last call, in order.

@@ -24,8 +24,8 @@ use super::{
 };
 use crate::error::{LockError, LostReason};
 use crate::health::Health;
-pub(crate) use replicas::NotAcknowledged;
-use replicas::{Needed, Replicas, Replication, Turn};
+use replicas::{Needed, Replicas, Turn};
+pub(crate) use replicas::{NotAcknowledged, Replication};
 
 pub(crate) mod cluster;
 pub(crate) mod connections;
@@ -229,14 +229,14 @@ pub(crate) enum SendError {
 
 impl SendError {
     /// `err`, whose request may have run when `unknown`.
-    fn new(err: RedisError, unknown: bool) -> Self {
+    pub(crate) fn new(err: RedisError, unknown: bool) -> Self {
         match unknown {
             true => Self::Unknown(StoreError::unavailable(err)),
             false => Self::Answered(err),
         }
     }
 
-    fn into_store_error(self) -> StoreError {
+    pub(crate) fn into_store_error(self) -> StoreError {
         match self {
             // A one-server client meets redirections only from a cluster node (a cluster
             // client follows them): the client was built for one server.
@@ -268,7 +268,7 @@ pub(crate) fn a_cluster_node(found: &dyn std::fmt::Display) -> LockError {
 
 /// Whether a failed request may have run without our hearing: no answer, a broken connection,
 /// or a reply of the wrong shape (replies and requests are out of step).
-fn unanswered(err: &RedisError) -> bool {
+pub(crate) fn unanswered(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()
         || err.is_timeout()
@@ -764,6 +764,8 @@ impl<T: Transport> RedisStore<T> {
     /// that carried the `SET`, so it reaches Redis after it whatever happened; if that
     /// connection is gone, retried on a fresh one until the lease would have lapsed anyway.
     fn undo_acquire(&self, mut connection: T::Connection, abandoned: LeaseRef<'_>) {
+        #[cfg(feature = "sim")]
+        crate::sim::sometimes("an acquire of unknown outcome undone by the Redis store");
         let store = self.clone();
         let abandoned = OwnedLease::of(abandoned);
         self.settings().background.spawn(async move {
