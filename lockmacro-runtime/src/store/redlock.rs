@@ -46,9 +46,9 @@ use crate::health::{Health, NodeRole};
 use crate::metrics;
 use crate::options::LockKind;
 use crate::sync::{Set, lock};
+use tally::{Answer, BusyAnswer, Decision, Tally, decide};
 
-/// A master's `Busy`: the first busy key, the time until it may be free, the estimated wait.
-type BusyAnswer = (usize, Option<Duration>, Option<Duration>);
+mod tally;
 
 /// A Redlock quorum.
 #[derive(Clone)]
@@ -260,7 +260,9 @@ impl RedlockStore {
         let mut all_answered = false;
         std::future::poll_fn(|cx| {
             all_answered = pending.poll_unpin(cx).is_ready();
-            match all_answered || settled(&answers, &restarted, quorum) {
+            match all_answered
+                || decide(&self.tally(&answers, &restarted), quorum, None) != Decision::Wait
+            {
                 true => Poll::Ready(()),
                 false => Poll::Pending,
             }
@@ -277,29 +279,26 @@ impl RedlockStore {
         let elapsed = started.elapsed();
         // The answers so far, taken out of their slots (the pending futures run only when
         // polled here, or in the background below: none lands meanwhile), so that the slots
-        // filled after hold the late answers alone. Every master that took it, and those whose
-        // take counts (see `restarted`); the busy ones; something that is no lock, the first
-        // master's to say so.
-        let (mut took, mut taken) = (0, 0);
+        // filled after hold the late answers alone.
+        let mut tally = Tally::default();
         let mut busy: Vec<(usize, BusyAnswer)> = Vec::new();
         let mut not_a_lock = None;
         for (index, slot) in answers.iter().enumerate() {
-            let Some(answer) = lock(slot).take() else {
+            let answer = lock(slot).take();
+            tally.add(answer_of(answer.as_ref(), &restarted, index));
+            let Some(answer) = answer else {
                 continue;
             };
             self.note(index, &answer);
             match answer {
-                Ok(AcquiredMany::Taken) => {
-                    took += 1;
-                    taken += usize::from(!restarted.contains(index));
-                }
                 Ok(AcquiredMany::Busy {
                     key,
                     remaining,
                     estimate,
                 }) => busy.push((index, (key, remaining, estimate))),
                 Err(StoreError::Unusable(error)) if not_a_lock.is_none() => {
-                    // A new error, not the shared one: its other copies live on elsewhere.
+                    // The first master's to say so. A new error, not the shared one: its other
+                    // copies live on elsewhere.
                     if let LockError::NotALock { key, found } = &*error {
                         not_a_lock = Some(StoreError::from(LockError::NotALock {
                             key: key.clone(),
@@ -307,14 +306,15 @@ impl RedlockStore {
                         }));
                     }
                 }
-                Err(_) => {}
+                _ => {}
             }
         }
         drop(restarted);
         let validity = ttl
             .checked_sub(elapsed + clock::drift(ttl))
             .filter(|left| !left.is_zero());
-        let ours = taken >= quorum && validity.is_some();
+        let decision = decide(&tally.closed(), quorum, validity);
+        let ours = decision == Decision::Taken;
         if !all_answered {
             // The others answer in the background: a master that takes it late holds it with
             // the others, or gives it back when it is not ours.
@@ -343,71 +343,71 @@ impl RedlockStore {
             });
         }
         if ours {
-            let busy_masters: Vec<usize> = busy.iter().map(|(index, _)| *index).collect();
-            self.leave_where_busy(&attempt, &busy_masters);
+            self.leave_where_busy(&attempt, busy.iter().map(|(index, _)| *index));
             return Ok(AcquiredMany::Taken);
         }
-        let busy: Vec<BusyAnswer> = busy.into_iter().map(|(_, answer)| answer).collect();
-        if took > 0 && !busy.is_empty() {
+        self.refused(&attempt, tally).await;
+        let split_retry = || clock::jittered(Self::SPLIT_RETRY, 0.8);
+        let no_quorum = |answered| StoreError::NoQuorum {
+            answered,
+            needed: quorum,
+        };
+        match decision {
+            // Never: a closed tally is decided, and a take was answered above.
+            Decision::Wait | Decision::Taken => Err(no_quorum(tally.counted.max(tally.busy))),
+            // Something that is no lock sits under the key on some master: it is left as it is.
+            Decision::NotALock => Err(not_a_lock.unwrap_or_else(|| no_quorum(0))),
+            Decision::Busy { raced } => {
+                let busy: Vec<BusyAnswer> = busy.into_iter().map(|(_, answer)| answer).collect();
+                // Having raced, look again soon (the Redlock paper's random retry), not after
+                // leases that are being undone.
+                let retry = raced.then(split_retry);
+                let (key, remaining, estimate) =
+                    tally::busy(&busy, self.masters.len(), quorum, retry);
+                Ok(AcquiredMany::Busy {
+                    key,
+                    remaining,
+                    estimate,
+                })
+            }
+            Decision::TooLate => Err(StoreError::unavailable(format!(
+                "a majority took the lock only after {elapsed:?}, past the lease's validity"
+            ))),
+            Decision::Split => {
+                // Neither has the lock for sure, and the racers' attempts are being undone as
+                // ours was: look again soon (jittered, so the racers spread out), inside the
+                // caller's wait; a caller that fails fast is told to come back as soon.
+                let key = busy.iter().map(|(_, (key, ..))| *key).min().unwrap_or(0);
+                let retry = split_retry();
+                Ok(AcquiredMany::Busy {
+                    key,
+                    remaining: Some(retry),
+                    estimate: Some(retry),
+                })
+            }
+            Decision::NoQuorum { answered } => Err(no_quorum(answered)),
+        }
+    }
+
+    /// An attempt not ours is undone where it was taken, before answering (the caller may look
+    /// again with the same token). A master whose answer was lost undoes it itself.
+    async fn refused(&self, attempt: &OwnedLease, tally: Tally) {
+        if tally.took > 0 && tally.busy > 0 {
             // Split with another attempt: some masters ours, others busy, no majority ours.
             metrics::redlock_split();
         }
-        // Not ours: undone where it was taken, before answering (the caller may look again
-        // with the same token). A master whose answer was lost undoes it itself.
-        if took > 0 {
-            self.release_everywhere(&attempt).await;
+        if tally.took > 0 {
+            self.release_everywhere(attempt).await;
         }
-        if let Some(not_a_lock) = not_a_lock {
-            // Something that is no lock sits under the key on some master: it is left as it is.
-            return Err(not_a_lock);
+    }
+
+    /// The answers in `answers` so far, counted (`restarted`: whose take does not count).
+    fn tally(&self, answers: &Answers, restarted: &MasterSet) -> Tally {
+        let mut tally = Tally::default();
+        for (index, slot) in answers.iter().enumerate() {
+            tally.add(answer_of(lock(slot).as_ref(), restarted, index));
         }
-        if busy.len() >= quorum {
-            let key = busy.iter().map(|(key, ..)| *key).min().unwrap_or(0);
-            // Free again once all but a minority of the busy masters are free.
-            let frees_a_majority = busy.len() - (self.masters.len() - quorum);
-            let majority_view = |pick: fn(&BusyAnswer) -> Option<Duration>| {
-                let mut times: Vec<Option<Duration>> = busy.iter().map(pick).collect();
-                times.sort_unstable();
-                times.get(frees_a_majority - 1).copied().flatten()
-            };
-            let mut remaining = majority_view(|(_, left, _)| *left);
-            let estimate = majority_view(|(.., estimate)| *estimate);
-            if took > 0 {
-                // We took some masters: others may be racing us for the rest, and their keys go
-                // as ours did. Look again soon (the Redlock paper's random retry), not after
-                // leases that are being undone.
-                let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
-                remaining = Some(remaining.map_or(retry, |left| left.min(retry)));
-            }
-            return Ok(AcquiredMany::Busy {
-                key,
-                remaining,
-                estimate,
-            });
-        }
-        if taken >= quorum {
-            return Err(StoreError::unavailable(format!(
-                "a majority took the lock only after {elapsed:?}, past the lease's validity"
-            )));
-        }
-        if took + busy.len() >= quorum {
-            // A majority answered, split between us and another holder or racer (or taken on
-            // masters restarted too lately to count): neither has the lock for sure, and the
-            // racers' attempts are being undone as ours was. Look
-            // again soon (jittered, so the racers spread out), inside the caller's wait; a
-            // caller that fails fast is told to come back as soon.
-            let key = busy.iter().map(|(key, ..)| *key).min().unwrap_or(0);
-            let retry = clock::jittered(Self::SPLIT_RETRY, 0.8);
-            return Ok(AcquiredMany::Busy {
-                key,
-                remaining: Some(retry),
-                estimate: Some(retry),
-            });
-        }
-        Err(StoreError::NoQuorum {
-            answered: taken.max(busy.len()),
-            needed: quorum,
-        })
+        tally
     }
 
     /// Answers that came after the attempt was decided (`ours`: taken). A master that took it
@@ -434,7 +434,7 @@ impl RedlockStore {
                 _ => {}
             }
         }
-        self.leave_where_busy(attempt, &busy);
+        self.leave_where_busy(attempt, busy.into_iter());
     }
 }
 
@@ -480,22 +480,24 @@ impl RedlockStore {
     }
 }
 
-/// Whether the answers so far decide an attempt over the masters (`restarted`: whose take does
-/// not count), whatever the others answer:
-/// taken on a majority; or out of reach of a majority, with a majority answered (busy, or
-/// split between us and others) or out of reach of one.
-fn settled(answers: &Answers, restarted: &MasterSet, quorum: usize) -> bool {
-    let (mut taken, mut busy, mut pending) = (0, 0, 0);
-    for (index, slot) in answers.iter().enumerate() {
-        match &*lock(slot) {
-            None => pending += 1,
-            Some(Ok(AcquiredMany::Taken)) => taken += usize::from(!restarted.contains(index)),
-            Some(Ok(AcquiredMany::Busy { .. })) => busy += 1,
-            Some(Err(_)) => {}
+/// What master `index` answered an attempt, for its [`Tally`] (`restarted`: whose take does not
+/// count).
+fn answer_of(
+    answer: Option<&Result<AcquiredMany, StoreError>>,
+    restarted: &MasterSet,
+    index: usize,
+) -> Answer {
+    match answer {
+        None => Answer::Unknown,
+        Some(Ok(AcquiredMany::Taken)) => Answer::Took {
+            counts: !restarted.contains(index),
+        },
+        Some(Ok(AcquiredMany::Busy { .. })) => Answer::Busy,
+        Some(Err(StoreError::Unusable(error))) if matches!(**error, LockError::NotALock { .. }) => {
+            Answer::NotALock
         }
+        Some(Err(_)) => Answer::Failed,
     }
-    taken >= quorum
-        || (taken + pending < quorum && (taken + busy >= quorum || taken + busy + pending < quorum))
 }
 
 /// An attempt's lease as its undo names it: no work ran under it, so the release is announced
@@ -519,11 +521,11 @@ impl RedlockStore {
     /// was busy (see `protocol::Reservation`): that master would hand it the key, under a value
     /// its lease does not know, at its holder's release. It leaves those masters (in the
     /// background): the reservation is taken off, or a key handed meanwhile given back.
-    fn leave_where_busy(&self, lease: &OwnedLease, busy: &[usize]) {
+    fn leave_where_busy(&self, lease: &OwnedLease, busy: impl Iterator<Item = usize>) {
+        let busy: Vec<RedisStore<Server>> = busy.map(|i| self.masters[i].clone()).collect();
         if busy.is_empty() {
             return;
         }
-        let busy: Vec<RedisStore<Server>> = busy.iter().map(|&i| self.masters[i].clone()).collect();
         let lease = lease.as_ref();
         let keys: Vec<String> = match lease.keys {
             [] => vec![lease.key.to_owned()],
