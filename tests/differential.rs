@@ -861,6 +861,9 @@ impl HandOverCase {
                 let other = deployment.impose(&key, Duration::from_millis(300)).await;
                 case.name(&other, "O");
                 case.look().await;
+                if case.reserved_at_last_look() {
+                    return Err(Again("the waiter reserved the key before the release"));
+                }
                 case.returned("H's release", held.release().await);
                 case.entered().await;
                 case.look().await;
