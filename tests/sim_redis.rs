@@ -111,6 +111,15 @@ fn value(t: usize) -> String {
     format!("{};{ACQUIRED_MS};7;host;app", token(t))
 }
 
+/// The value of caller `t`'s attempt: mostly its first, sometimes its next (a ms later), so that
+/// an attempt lands after its call's next one took the key (acquire.lua's `later_attempt`).
+fn attempt(draw: &mut Stream, t: usize) -> String {
+    match draw.percent(25) {
+        true => format!("{};{};7;host;app", token(t), ACQUIRED_MS + 1),
+        false => value(t),
+    }
+}
+
 /// A ttl: mostly short (expiries happen within a history), sometimes a minute.
 fn ttl(draw: &mut Stream) -> String {
     if draw.percent(20) {
@@ -148,7 +157,7 @@ fn history(seed: u64) -> Vec<Step> {
                 };
                 let fencing = if draw.percent(40) { "60000" } else { "0" };
                 let args = vec![
-                    value(t),
+                    attempt(&mut draw, t),
                     ttl(&mut draw),
                     fencing.into(),
                     kind.into(),
@@ -178,7 +187,7 @@ fn history(seed: u64) -> Vec<Step> {
                     String::new()
                 };
                 let args = vec![
-                    value(t),
+                    attempt(&mut draw, t),
                     ttl(&mut draw),
                     flag(draw.percent(50)),
                     draw.between(100, 600).to_string(),
@@ -191,12 +200,15 @@ fn history(seed: u64) -> Vec<Step> {
                 let keys = all.iter().map(|n| &n.key).collect();
                 let args = all
                     .iter()
-                    .flat_map(|_| [value(draw.below(TOKENS as u64) as usize), ttl(&mut draw)])
+                    .flat_map(|_| {
+                        let t = draw.below(TOKENS as u64) as usize;
+                        [attempt(&mut draw, t), ttl(&mut draw)]
+                    })
                     .collect();
                 script("extend", keys, args, Compare::Exact)
             }
             43..=56 => {
-                let mut args = vec![value(t)];
+                let mut args = vec![attempt(&mut draw, t)];
                 if draw.percent(50) {
                     let kept = if draw.percent(30) {
                         ttl(&mut draw)
@@ -218,7 +230,12 @@ fn history(seed: u64) -> Vec<Step> {
                     String::new()
                 };
                 let undo = if draw.percent(30) { "undo" } else { "" };
-                let args = vec![value(t), sharded(&mut draw).into(), kept, undo.into()];
+                let args = vec![
+                    attempt(&mut draw, t),
+                    sharded(&mut draw).into(),
+                    kept,
+                    undo.into(),
+                ];
                 script("release_many", keys, args, Compare::Exact)
             }
             61..=65 => {

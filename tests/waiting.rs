@@ -101,11 +101,27 @@ async fn a_thousand_waiters_are_served_in_turn_without_stampeding_redis() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let while_waiting = requests_served(&server) - before;
     // Each waiter looks twice (before and after subscribing), then sleeps on the announcement:
-    // the holder's lease has 30 s left, so no fallback timer fires while they join.
+    // the holder's lease has 30 s left, so no fallback timer fires while they join, but for
+    // the one that has a waiter whose looks all came before it had waited too long (20 ms,
+    // `protocol::RESERVE_AFTER`) look once more, to reserve the key (about a quarter of them
+    // here). Those looks are over once the count of requests stands still.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut while_waiting = requests_served(&server) - before;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = requests_served(&server) - before;
+        if now == while_waiting {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiters' looks stop within 30 s"
+        );
+        while_waiting = now;
+    }
     assert!(
-        while_waiting <= 2 * 1_000 + 50,
+        while_waiting <= 3 * 1_000 + 50,
         "{while_waiting} requests while 1 000 waited"
     );
 

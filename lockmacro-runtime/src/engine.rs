@@ -141,9 +141,15 @@ impl Engine {
         self.waits.listen();
     }
 
-    /// The value a lease of `token` taken now stores: the token, the time, and who takes it.
-    fn value_of(&self, token: &str) -> String {
-        self.origin.value(token, self.wall.millis())
+    /// The value a lease of `token` taken now stores (the token, the time, and who takes it),
+    /// and its time: later than `after_ms`, the time of the value made before for the same
+    /// caller (0 for none). Two looks of one wait, or a look and a hand-over to its caller,
+    /// never share a value: a look of unknown outcome is undone by comparing its whole value,
+    /// and a look that lands late changes nothing where a later one took the key (values.lua
+    /// `later_attempt`).
+    fn value_of(&self, token: &str, after_ms: u64) -> (String, u64) {
+        let ms = self.wall.millis().max(after_ms.saturating_add(1));
+        (self.origin.value(token, ms), ms)
     }
 
     /// Sends an acquire in its turn (see [`REQUESTS_IN_FLIGHT`]): its reply, and when it went

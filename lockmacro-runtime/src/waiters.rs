@@ -105,6 +105,8 @@ pub(crate) enum Handing {
 pub(crate) struct Candidate {
     offer: u64,
     pub(crate) token: String,
+    /// The time in the value of the waiter's last look (ms): the value it is handed is later.
+    pub(crate) last_ms: u64,
     pub(crate) options: LockOptions,
     outcome: oneshot::Sender<Handing>,
 }
@@ -399,23 +401,30 @@ impl Ticket<'_> {
         &self.key
     }
 
-    /// Offers to take the lock straight from a release of this client, as `token` with
-    /// `options`, until the offer is withdrawn.
-    pub(crate) fn offer(&self, token: &str, options: &LockOptions) -> Offer {
-        self.offer_in_line(token, options, false)
+    /// Offers to take the lock straight from a release of this client, as `token` (whose last
+    /// look's value was of `last_ms`) with `options`, until the offer is withdrawn.
+    pub(crate) fn offer(&self, token: &str, last_ms: u64, options: &LockOptions) -> Offer {
+        self.offer_in_line(token, last_ms, options, false)
     }
 
     /// Offers again, ahead of every other offer: a waiter [passed](Handing::Passed) over.
-    pub(crate) fn offer_first(&self, token: &str, options: &LockOptions) -> Offer {
-        self.offer_in_line(token, options, true)
+    pub(crate) fn offer_first(&self, token: &str, last_ms: u64, options: &LockOptions) -> Offer {
+        self.offer_in_line(token, last_ms, options, true)
     }
 
-    fn offer_in_line(&self, token: &str, options: &LockOptions, first: bool) -> Offer {
+    fn offer_in_line(
+        &self,
+        token: &str,
+        last_ms: u64,
+        options: &LockOptions,
+        first: bool,
+    ) -> Offer {
         let id = (self.waiters.offers).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (told, outcome) = oneshot::channel();
         let candidate = Candidate {
             offer: id,
             token: token.to_owned(),
+            last_ms,
             options: *options,
             outcome: told,
         };

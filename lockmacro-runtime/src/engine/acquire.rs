@@ -103,7 +103,12 @@ impl Engine {
     ) -> Result<(Arc<LeaseState>, Waited), LockError> {
         let Some(wait) = options.wait else {
             return match self
-                .try_acquire(&key, &new_token(), options, Looking::Once)
+                .try_acquire(
+                    &key,
+                    self.value_of(&new_token(), 0).0,
+                    options,
+                    Looking::Once,
+                )
                 .await?
             {
                 Attempt::Taken(lease) => Ok((lease, Waited::No)),
@@ -119,32 +124,32 @@ impl Engine {
         Box::pin(self.wait_for(&keys, options, wait)).await
     }
 
-    /// One attempt to take every key of `keys` (one, or a list) for `token`.
+    /// One attempt to take every key of `keys` (one, or a list) for `value` (see
+    /// [`value_of`](Engine::value_of)).
     pub(super) async fn try_acquire_keys(
         &self,
         keys: &[String],
-        token: &str,
+        value: String,
         options: &LockOptions,
         looking: Looking,
     ) -> Result<Attempt, LockError> {
         match keys {
-            [key] => self.try_acquire(key, token, options, looking).await,
-            keys => self.try_acquire_many(keys, token, options, looking).await,
+            [key] => self.try_acquire(key, value, options, looking).await,
+            keys => self.try_acquire_many(keys, value, options, looking).await,
         }
     }
 
-    /// One attempt to take `key` for `token`; a waiting attempt keeps the caller's place when
+    /// One attempt to take `key` for `value`; a waiting attempt keeps the caller's place when
     /// busy.
     pub(super) async fn try_acquire(
         &self,
         key: &str,
-        token: &str,
+        value: String,
         options: &LockOptions,
         looking: Looking,
     ) -> Result<Attempt, LockError> {
         let ttl = options.ttl;
         let budget = self.acquire_budget(ttl);
-        let value = self.value_of(token);
         let (waiting, reserving_since) = match looking {
             Looking::Once => (false, None),
             Looking::Waiting { reserving_since } => (true, reserving_since),
@@ -174,7 +179,7 @@ impl Engine {
                     sent_at,
                 ));
                 self.hold(lease.clone());
-                tracing::debug!(key = %key, token_hint = %hint(token), ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
+                tracing::debug!(key = %key, token_hint = %hint(lease.token()), ttl_ms = clock::millis(ttl), fencing_token, "lock acquired");
                 Ok(Attempt::Taken(lease))
             }
             Ok(Acquired::Busy {

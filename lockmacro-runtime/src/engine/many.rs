@@ -44,7 +44,12 @@ impl Engine {
         self.background.ensure_running();
         let (lease, waited) = match options.wait {
             None => match self
-                .try_acquire_many(&keys, &new_token(), options, Looking::Once)
+                .try_acquire_many(
+                    &keys,
+                    self.value_of(&new_token(), 0).0,
+                    options,
+                    Looking::Once,
+                )
                 .await?
             {
                 Attempt::Taken(lease) => (lease, Waited::No),
@@ -60,18 +65,17 @@ impl Engine {
         Ok((self.unless_shut(lease).await?, waited))
     }
 
-    /// One attempt on every key for `token`; a waiting attempt marks the busy keys, so that
+    /// One attempt on every key for `value`; a waiting attempt marks the busy keys, so that
     /// their releases are announced (and reserves them, once it has waited too long).
     pub(super) async fn try_acquire_many(
         &self,
         keys: &[String],
-        token: &str,
+        value: String,
         options: &LockOptions,
         looking: Looking,
     ) -> Result<Attempt, LockError> {
         let ttl = options.ttl;
         let budget = self.acquire_budget(ttl);
-        let value = self.value_of(token);
         let (waiting, reserving_since) = match looking {
             Looking::Once => (false, None),
             Looking::Waiting { reserving_since } => (true, reserving_since),

@@ -60,7 +60,7 @@ impl Engine {
         next: Candidate,
     ) -> Result<bool, LockError> {
         let lease = right.lease().clone();
-        let value = self.value_of(&next.token);
+        let (value, _) = self.value_of(&next.token, next.last_ms);
         let to = LeaseRef {
             key: &lease.key,
             keys: &[],

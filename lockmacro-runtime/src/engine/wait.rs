@@ -228,6 +228,9 @@ struct Waiter<'e> {
     /// mistaken for the new lease (a key handed to this token is this caller's: its next look
     /// confirms it). Replaced only after a hand-over that got no answer.
     token: String,
+    /// The time in the value of its last look (ms): each look's value is later (see
+    /// `Engine::value_of`).
+    last_ms: u64,
     /// Its looks keep its place: every look after the first, or the first with
     /// [`WaitPolicy::keeps_place_at_once`].
     keeps_place: bool,
@@ -262,6 +265,7 @@ impl<'e> Waiter<'e> {
             listened: false,
             stay: Stay::new(engine, keys, options.ttl),
             token: new_token(),
+            last_ms: 0,
             keeps_place: policy.keeps_place_at_once,
             reserving_only: false,
             last_busy: Busy {
@@ -297,9 +301,11 @@ impl<'e> Waiter<'e> {
                     reserving_since: Some(_)
                 }
             );
+            let (value, ms) = self.engine.value_of(&self.token, self.last_ms);
+            self.last_ms = ms;
             let look = self
                 .engine
-                .try_acquire_keys(self.keys, &self.token, self.options, looking);
+                .try_acquire_keys(self.keys, value, self.options, looking);
             let busy = match look.await {
                 Ok(Attempt::Taken(lease)) if lease.time_left().is_zero() => {
                     self.late(&lease)?;
@@ -559,7 +565,7 @@ impl<'e> Waiter<'e> {
         let _parked = ticket.park(parking.reserving);
         let mut offer = takes_hand_over.then(|| {
             tracing::debug!(key = %key, token_hint = %hint(&self.token), "parked until the lock is released or handed to this caller");
-            ticket.offer(&self.token, self.options)
+            ticket.offer(&self.token, self.last_ms, self.options)
         });
         let reservation = &self.reservation;
         let handed = async {
@@ -598,7 +604,9 @@ impl<'e> Waiter<'e> {
                 // Wait for the announcement of that release (or the fallback).
                 Handing::Declined => {}
                 // First in line again for the next hand-over.
-                Handing::Passed => offer = Some(ticket.offer_first(&self.token, self.options)),
+                Handing::Passed => {
+                    offer = Some(ticket.offer_first(&self.token, self.last_ms, self.options))
+                }
                 Handing::Uncertain => {
                     engine.give_up_token(key, &self.token, self.options.ttl);
                     self.token = new_token();

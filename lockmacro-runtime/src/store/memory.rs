@@ -39,6 +39,7 @@
 //! | `values.lua`: `look_at` | `Data::foreign`, `Data::live`, `Data::watched` |
 //! | … `token_of`, `parts` | `protocol::holder_token`; `Held::Exclusive`'s `waited`, `reserved` |
 //! | … `before`, `mark` | `Reserved::before`, `Held::mark` |
+//! | … `later_attempt` | `protocol::is_later_attempt` |
 //! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle`, `others_waiting` | `Data::` the same |
 //! | … the hash's expiry | `Waiters::expires`, read by `Data::waiters_of` |
 //! | `holders.lua`: `live_holders` | `Data::live` |
@@ -452,9 +453,12 @@ impl Data {
                 if protocol::holds(value, token) =>
             {
                 // Ours already: a call retried after it ran, or handed to this waiter by a
-                // release. It takes this attempt's value and the ttl; its marks stay.
-                request.value.clone_into(value);
-                *expires = lease_end;
+                // release. It takes this attempt's value and the ttl; its marks stay. An
+                // attempt that came after its call's next one took the key changes nothing.
+                if !protocol::is_later_attempt(value, request.value) {
+                    request.value.clone_into(value);
+                    *expires = lease_end;
+                }
             }
             (LockKind::Exclusive, Some(held)) => {
                 let remaining = held.remaining(now);
@@ -584,8 +588,12 @@ impl Data {
             let watched = self.watched(key, now);
             match self.live(key, now) {
                 Some(Held::Exclusive { value, expires, .. }) => {
-                    request.value.clone_into(value);
-                    *expires = now + request.ttl;
+                    // An attempt that came after its call's next one took the key changes
+                    // nothing.
+                    if !protocol::is_later_attempt(value, request.value) {
+                        request.value.clone_into(value);
+                        *expires = now + request.ttl;
+                    }
                 }
                 _ => {
                     // Marked when watched, or when others are counted waiting for it.
@@ -1411,5 +1419,80 @@ impl MemoryHooks {
     /// How many clients listen for releases of `key` (waiters that found it busy subscribe).
     pub fn listeners(&self, key: &str) -> usize {
         self.store.data().listeners.get(key).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    fn lease<'a>(key: &'a str, keys: &'a [String], value: &'a str) -> LeaseRef<'a> {
+        LeaseRef {
+            key,
+            keys,
+            value,
+            kind: LockKind::Exclusive,
+            ttl: TTL,
+            hold_until: None,
+            undone: true,
+        }
+    }
+
+    fn held_value<'d>(data: &'d Data, key: &str) -> Option<&'d str> {
+        match data.locks.get(key) {
+            Some(Held::Exclusive { value, .. }) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// An attempt whose reply timed out lands after its call's next attempt took the key: it
+    /// changes nothing, and its undo (a compare-and-delete of its value) deletes nothing.
+    #[test]
+    fn an_attempt_that_lands_after_its_calls_next_one_changes_nothing() {
+        let origin = protocol::Origin::new("h", 1, "a");
+        let token = protocol::new_token();
+        let (late, next) = (origin.value(&token, 5), origin.value(&token, 9));
+        let now = Instant::now();
+        let mut data = Data::default();
+        let request = |value| AcquireRequest {
+            key: "k",
+            value,
+            kind: LockKind::Exclusive,
+            ttl: TTL,
+            fencing: false,
+            waiting: true,
+            fair: false,
+            reserving_since: None,
+        };
+        let taken = Acquired::Taken {
+            fencing_token: None,
+        };
+        assert!(matches!(data.acquire(&request(&next), now), Ok(a) if a == taken));
+        assert!(matches!(data.acquire(&request(&late), now), Ok(a) if a == taken));
+        assert_eq!(held_value(&data, "k"), Some(next.as_str()));
+        assert!(!data.release(lease("k", &[], &late), now));
+        assert_eq!(held_value(&data, "k"), Some(next.as_str()));
+
+        let keys = ["a".to_owned(), "b".to_owned()];
+        let many = |value| ManyRequest {
+            keys: &keys,
+            value,
+            ttl: TTL,
+            waiting: true,
+            reserving_since: None,
+        };
+        assert!(matches!(
+            data.acquire_many(&many(&next), now),
+            Ok(AcquiredMany::Taken)
+        ));
+        assert!(matches!(
+            data.acquire_many(&many(&late), now),
+            Ok(AcquiredMany::Taken)
+        ));
+        for key in &keys {
+            assert_eq!(held_value(&data, key), Some(next.as_str()));
+        }
     }
 }

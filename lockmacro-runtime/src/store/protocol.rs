@@ -461,6 +461,18 @@ pub fn holds(value: &str, ours: &str) -> bool {
     holder_token(value) == holder_token(ours)
 }
 
+/// Whether an exclusive lock's stored `value`, held by the token of `attempt` (a lease's value),
+/// was written by a later attempt of that call: taken at a later ms. `attempt` came late, after
+/// its call tried again and took the key (its reply had timed out), and changes nothing: a
+/// compare-and-delete of its value then deletes nothing (values.lua's `later_attempt`).
+pub fn is_later_attempt(value: &str, attempt: &str) -> bool {
+    let taken_at = |value: &str| {
+        let holder = value.split(WAITED_MARK).next().unwrap_or_default();
+        LockValue::parse(holder).and_then(|parsed| parsed.acquired_ms)
+    };
+    matches!((taken_at(value), taken_at(attempt)), (Some(stored), Some(late)) if stored > late)
+}
+
 /// Whether an exclusive lock's `value` carries a waiter's mark.
 pub fn is_waited_for(value: &str) -> bool {
     value.contains(WAITED_MARK)
@@ -794,6 +806,19 @@ mod tests {
             lock_value("t", u64::MAX, ";1;h;a"),
             format!("t;{};1;h;a", u64::MAX)
         );
+    }
+
+    #[test]
+    fn an_attempt_that_came_after_its_calls_next_one_is_late() {
+        let origin = Origin::new("h", 1, "a");
+        let token = "c".repeat(32);
+        let (first, second) = (origin.value(&token, 5), origin.value(&token, 9));
+        assert!(is_later_attempt(&second, &first));
+        assert!(is_later_attempt(&format!("{second}+"), &first));
+        assert!(!is_later_attempt(&first, &second));
+        assert!(!is_later_attempt(&first, &first));
+        // A bare token (an older version) says nothing of when: not later.
+        assert!(!is_later_attempt(&token, &first));
     }
 
     #[test]

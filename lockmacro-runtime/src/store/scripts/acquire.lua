@@ -111,9 +111,12 @@ if kind == 'x' then
   elseif ktype == 'string' and token_of(stored) == token then
     -- Ours already: a call retried after it ran, or the key handed to this waiter by a
     -- release. It takes this attempt's value and the ttl from now; a waiter's mark and a
-    -- reservation after it stay.
-    local _, after = parts(stored)
-    redis.call('SET', key, after and (value .. '+' .. after) or value, 'PX', ttl)
+    -- reservation after it stay. An attempt that came after its call's next one took the key
+    -- changes nothing.
+    if not later_attempt(stored, value) then
+      local _, after = parts(stored)
+      redis.call('SET', key, after and (value .. '+' .. after) or value, 'PX', ttl)
+    end
   else
     if ktype == 'hash' and waiting then
       -- A writer waiting on readers keeps new readers out, so readers cannot starve it.

@@ -58,12 +58,14 @@ for i = 1, n do
   if stored[i] then
     local _, after = parts(stored[i])
     if after then taken = value .. '+' .. after end
+    -- An attempt that came after its call's next one took the key changes nothing.
+    if later_attempt(stored[i], value) then taken = nil end
   elseif watched[i] or others_waiting(KEYS[n + i], token) then
     -- A watched key, or one others are counted waiting for (some kept out by what bears no
     -- mark, see acquire.lua): its release is announced.
     taken = value .. '+'
   end
-  redis.call('SET', KEYS[i], taken, 'PX', ttl)
+  if taken then redis.call('SET', KEYS[i], taken, 'PX', ttl) end
   if waiting then served(KEYS[n + i], token, now) end
 end
 return {1}

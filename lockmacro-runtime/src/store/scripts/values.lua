@@ -42,6 +42,16 @@ local function token_of(v)
   return string.match(v, '^[^;+>]*')
 end
 
+-- Whether the exclusive lock's stored value `v`, of the token of `value`, was written by a later
+-- attempt of that call (taken at a later ms): `value`'s request came late, after its call tried
+-- again and took the key (its reply had timed out), and changes nothing, so that the undo sent
+-- behind it, a compare-and-delete of `value`, deletes nothing (protocol.rs `is_later_attempt`).
+local function later_attempt(v, value)
+  local stored = tonumber(string.match(v, '^[^;+]*;(%d+);'))
+  local mine = tonumber(string.match(value, '^[^;]*;(%d+);'))
+  return stored ~= nil and mine ~= nil and stored > mine
+end
+
 -- A stored exclusive value taken apart: the holder's value, and what follows its waiter's mark
 -- (nil without a mark, '' for a mark alone, else a reservation).
 local function parts(v)
