@@ -17,7 +17,7 @@ static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
 /// each world's times are its own, whatever ran before it in the process).
 fn epoch() -> Instant {
     #[cfg(feature = "sim")]
-    if let Some(epoch) = crate::sim::epoch() {
+    if let Some(epoch) = crate::world::epoch() {
         return epoch;
     }
     *EPOCH
@@ -43,7 +43,7 @@ pub(crate) fn instant_at(nanos: u64) -> Instant {
 /// deployment. In a simulation, simulated time from a fixed start.
 pub(crate) fn epoch_micros() -> u64 {
     #[cfg(feature = "sim")]
-    if let Some(micros) = crate::sim::epoch_micros() {
+    if let Some(micros) = crate::world::epoch_micros() {
         return micros;
     }
     std::time::SystemTime::now()
@@ -103,7 +103,7 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 /// drawn from its seed.
 pub(crate) fn random_unit() -> f64 {
     #[cfg(feature = "sim")]
-    if let Some(unit) = crate::sim::unit() {
+    if let Some(unit) = crate::world::unit() {
         return unit;
     }
     rand::random::<f64>()

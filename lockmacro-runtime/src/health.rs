@@ -115,23 +115,26 @@ impl NodeHealth {
         }
     }
 
-    /// `address` in `role` did not answer, for `why`: refused when `why` is a store error that
-    /// waiting does not mend (a password, an ACL, a peer that is not Redis).
+    /// `address` in `role` did not answer, for `why`.
     pub(crate) fn silent(
         address: impl Into<String>,
         role: NodeRole,
-        why: impl fmt::Display + 'static,
+        why: impl fmt::Display,
     ) -> Self {
-        let refused = (&why as &dyn std::any::Any)
-            .downcast_ref::<crate::store::StoreError>()
-            .is_some_and(|error| !error.heals());
         Self {
             address: address.into(),
             role,
             slots: None,
             answer: Err(why.to_string()),
-            refused,
+            refused: false,
         }
+    }
+
+    /// The same, refused: for what waiting does not mend (a password, an ACL, a peer that is not
+    /// Redis).
+    pub(crate) fn refusing(mut self) -> Self {
+        self.refused = true;
+        self
     }
 
     /// The same, serving `slots` cluster slots.

@@ -91,11 +91,14 @@ mod key;
 mod metrics;
 mod options;
 mod rt;
-#[cfg(feature = "sim")]
-mod sim;
 mod sync;
+#[cfg(feature = "sim")]
+mod world;
 // The seam and the deployments behind it: the only users of `redis`.
 mod store;
+// The simulator: worlds of processes over a simulated network, to a store or a simulated Redis.
+#[cfg(feature = "sim")]
+mod sim;
 // A lease's shared state, and the right to release it.
 mod right;
 mod state;

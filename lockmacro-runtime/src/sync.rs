@@ -14,13 +14,13 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(not(feature = "sim"))]
 pub(crate) type Map<K, V> = std::collections::HashMap<K, V>;
 #[cfg(feature = "sim")]
-pub(crate) type Map<K, V> = std::collections::HashMap<K, V, crate::sim::Hashing>;
+pub(crate) type Map<K, V> = std::collections::HashMap<K, V, crate::world::Hashing>;
 
 /// A set, as [`Map`].
 #[cfg(not(feature = "sim"))]
 pub(crate) type Set<K> = std::collections::HashSet<K>;
 #[cfg(feature = "sim")]
-pub(crate) type Set<K> = std::collections::HashSet<K, crate::sim::Hashing>;
+pub(crate) type Set<K> = std::collections::HashSet<K, crate::world::Hashing>;
 
 /// `tokio::select!`, whose choice among branches ready at once is random. Under a simulation
 /// the first ready branch in written order is taken instead (`biased;`), so that a seed
@@ -36,7 +36,7 @@ macro_rules! select {
 #[cfg(feature = "sim")]
 macro_rules! select {
     ($($branches:tt)*) => {
-        if crate::sim::installed() {
+        if crate::world::installed() {
             tokio::select! { biased; $($branches)* }
         } else {
             tokio::select! { $($branches)* }

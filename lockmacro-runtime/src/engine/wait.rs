@@ -541,7 +541,7 @@ impl<'e> Waiter<'e> {
             // long as the holder's lease).
             let until = self.since.until_reserving().unwrap_or_default();
             #[cfg(feature = "sim")]
-            crate::sim::sometimes_if(until.is_zero(), "a look straddled the starvation bound");
+            crate::world::sometimes_if(until.is_zero(), "a look straddled the starvation bound");
             wakes_to_reserve = until <= fallback;
             fallback = fallback.min(until);
         }

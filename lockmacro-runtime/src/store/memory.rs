@@ -1040,7 +1040,7 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let node = match self.injected_failure() {
                 Ok(()) => NodeHealth::answered("in memory", NodeRole::Server, Duration::ZERO),
-                Err(error) => NodeHealth::silent("in memory", NodeRole::Server, error),
+                Err(error) => error.node_health("in memory", NodeRole::Server),
             };
             let ready = node.answers();
             let verdict = if ready {

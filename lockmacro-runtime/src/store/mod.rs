@@ -18,7 +18,7 @@ use tokio::runtime::Handle;
 use crate::clock::Backoff;
 pub(crate) use crate::error::Healing;
 use crate::error::{LockError, LostReason, Shared};
-use crate::health::Health;
+use crate::health::{Health, NodeHealth, NodeRole};
 use crate::metrics;
 use crate::options::LockKind;
 
@@ -443,6 +443,16 @@ impl StoreError {
 }
 
 impl StoreError {
+    /// How a node `address` in `role` that failed with this error shows in a health report:
+    /// refused when waiting does not mend it.
+    pub(crate) fn node_health(&self, address: impl Into<String>, role: NodeRole) -> NodeHealth {
+        let silent = NodeHealth::silent(address, role, self);
+        match self.heals() {
+            true => silent,
+            false => silent.refusing(),
+        }
+    }
+
     /// Whether looking again may succeed with nobody changing anything (see [`healing`]).
     pub(crate) fn heals(&self) -> bool {
         match self {

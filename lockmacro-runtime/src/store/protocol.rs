@@ -388,7 +388,7 @@ pub fn holder_token(value: &str) -> &str {
 /// lowercase hex digits without hyphens. In a simulation, drawn from its seed.
 pub(crate) fn new_token() -> String {
     #[cfg(feature = "sim")]
-    if let Some(token) = crate::sim::token() {
+    if let Some(token) = crate::world::token() {
         return token;
     }
     let mut hex = [0; uuid::fmt::Simple::LENGTH];

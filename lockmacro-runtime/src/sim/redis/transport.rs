@@ -29,7 +29,7 @@ use crate::health::{Health, NodeHealth, NodeRole};
 use crate::sim::net::{self, Net, Network, Wire};
 use crate::sim::{Backing, Stream, sometimes};
 use crate::store::redis::connections::{Lent, PerRuntime};
-use crate::store::redis::{Layout, RedisStore, Replication, Request, SendError, Transport};
+use crate::store::redis::{Layout, RedisStore, Request, SendError, Transport};
 use crate::store::{
     BoxFuture, Names, ReleaseFeed, Released, Settings, StoreError, TimedOut, Unreachable, scripts,
 };
@@ -169,7 +169,7 @@ impl Shared {
     /// to its subscribers.
     fn execute(&self, connection: u64, cmds: &[Cmd]) -> Vec<Value> {
         let mut node = lock(&self.node);
-        if let Some(micros) = crate::sim::epoch_micros() {
+        if let Some(micros) = crate::world::epoch_micros() {
             node.set_clock(micros);
         }
         // Subscriptions whose connection broke meanwhile are gone.
@@ -490,31 +490,6 @@ impl Transport for SimTransport {
         (lent.generation != u64::MAX).then_some(lent.generation)
     }
 
-    async fn replication(
-        &self,
-        lent: &mut Self::Connection,
-        _key: &str,
-    ) -> Result<Replication, SendError> {
-        let mut info = redis::cmd("INFO");
-        info.arg("replication");
-        let budget = self.settings.response_timeout;
-        let info = self.send_once(lent, Request::Cmd(&info), budget).await?;
-        Ok(Replication {
-            info,
-            served: Vec::new(),
-        })
-    }
-
-    async fn load_scripts(
-        &self,
-        lent: &mut Self::Connection,
-        _key: &str,
-        budget: Duration,
-    ) -> Result<(), SendError> {
-        let load = scripts::load_all();
-        self.send_once(lent, Request::Pipeline(&load), budget).await
-    }
-
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
         Box::pin(async move {
             let net = self.shared.network.net(self.client);
@@ -550,7 +525,7 @@ impl Transport for SimTransport {
             };
             let node = match tokio::time::timeout(bound, probe).await {
                 Ok(Ok(latency)) => NodeHealth::answered(SERVER, NodeRole::Server, latency),
-                Ok(Err(error)) => NodeHealth::silent(SERVER, NodeRole::Server, error),
+                Ok(Err(error)) => error.node_health(SERVER, NodeRole::Server),
                 Err(_) => NodeHealth::silent(SERVER, NodeRole::Server, TimedOut(bound)),
             };
             let (ready, verdict) = match node.answers() {

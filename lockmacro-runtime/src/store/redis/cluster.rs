@@ -292,7 +292,7 @@ impl Transport for Cluster {
                     let started = tokio::time::Instant::now();
                     let health = match self.on_master(&node.address, Request::Cmd(ping)).await {
                         Ok(_) => NodeHealth::answered(&node.address, role, started.elapsed()),
-                        Err(error) => NodeHealth::silent(&node.address, role, error),
+                        Err(error) => error.node_health(&node.address, role),
                     };
                     match node.master {
                         true => health.serving(node.slots),

@@ -86,20 +86,42 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     }
 
     /// `INFO replication` of the server that holds `key` (on a cluster, with the slots it
-    /// serves).
+    /// serves). One server holds every key: its `INFO` on `connection`.
     fn replication(
         &self,
         connection: &mut Self::Connection,
         key: &str,
-    ) -> impl Future<Output = Result<Replication, SendError>> + Send;
+    ) -> impl Future<Output = Result<Replication, SendError>> + Send {
+        let _ = key;
+        async move {
+            let mut info = redis::cmd("INFO");
+            info.arg("replication");
+            let budget = self.settings().response_timeout;
+            let info = self
+                .send_once(connection, Request::Cmd(&info), budget)
+                .await?;
+            Ok(Replication {
+                info,
+                served: Vec::new(),
+            })
+        }
+    }
 
-    /// Loads every script on the server that holds `key`, after it answered `NOSCRIPT`.
+    /// Loads every script on the server that holds `key`, after it answered `NOSCRIPT`. One
+    /// server holds every key: one pipeline on `connection`.
     fn load_scripts(
         &self,
         connection: &mut Self::Connection,
         key: &str,
         budget: Duration,
-    ) -> impl Future<Output = Result<(), SendError>> + Send;
+    ) -> impl Future<Output = Result<(), SendError>> + Send {
+        let _ = key;
+        async move {
+            let load = scripts::load_all();
+            self.send_once(connection, Request::Pipeline(&load), budget)
+                .await
+        }
+    }
 
     /// A subscription to release announcements, as the deployment announces them.
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>>;
@@ -765,7 +787,7 @@ impl<T: Transport> RedisStore<T> {
     /// connection is gone, retried on a fresh one until the lease would have lapsed anyway.
     fn undo_acquire(&self, mut connection: T::Connection, abandoned: LeaseRef<'_>) {
         #[cfg(feature = "sim")]
-        crate::sim::sometimes("an acquire of unknown outcome undone by the Redis store");
+        crate::world::sometimes("an acquire of unknown outcome undone by the Redis store");
         let store = self.clone();
         let abandoned = OwnedLease::of(abandoned);
         self.settings().background.spawn(async move {

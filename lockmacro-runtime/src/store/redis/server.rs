@@ -13,7 +13,6 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
 
 use super::connections::{Lent, PerRuntime};
-use super::replicas::Replication;
 use super::sentinel::SentinelSource;
 use super::{RedisStore, Request, SendError, Transport, feed, unanswered};
 use crate::clock::{self, Backoff};
@@ -243,7 +242,7 @@ impl Server {
         };
         match tokio::time::timeout(bound, probe).await {
             Ok(Ok((address, latency))) => NodeHealth::answered(address, role, latency),
-            Ok(Err((address, error))) => NodeHealth::silent(address, role, error),
+            Ok(Err((address, error))) => error.node_health(address, role),
             Err(_) => NodeHealth::silent(unknown(), role, TimedOut(bound)),
         }
     }
@@ -362,32 +361,6 @@ impl Transport for Server {
     fn shared(lent: &Self::Connection) -> Option<u64> {
         // `u64::MAX`: lent for one call, shared by no one.
         (lent.generation != u64::MAX).then_some(lent.generation)
-    }
-
-    async fn replication(
-        &self,
-        lent: &mut Self::Connection,
-        _key: &str,
-    ) -> Result<Replication, SendError> {
-        let mut info = redis::cmd("INFO");
-        info.arg("replication");
-        let budget = self.settings.response_timeout;
-        let info = self.send_once(lent, Request::Cmd(&info), budget).await?;
-        Ok(Replication {
-            info,
-            served: Vec::new(),
-        })
-    }
-
-    /// One server holds every key.
-    async fn load_scripts(
-        &self,
-        lent: &mut Self::Connection,
-        _key: &str,
-        budget: Duration,
-    ) -> Result<(), SendError> {
-        let load = scripts::load_all();
-        self.send_once(lent, Request::Pipeline(&load), budget).await
     }
 
     fn release_feed(&self) -> BoxFuture<'_, Result<Box<dyn ReleaseFeed>, StoreError>> {
