@@ -10,12 +10,15 @@
 //!
 //! The faults are tier one's (latencies leaning to the protocol's edges, replies lost with their
 //! command run or not, subscriptions closed, partitions, pauses), plus connections broken: what
-//! was on its way on a connection when it broke is lost, and its callers hear a reset. Every
-//! draw comes from the world's seed.
+//! was on its way on a connection when it broke is lost, and its callers hear a reset. Some
+//! worlds give the master replicas, lagging or not (the store then `WAIT`s behind its grants),
+//! and some of those fail over to the best replica before the faults heal, breaking every
+//! connection open then, as a Sentinel switch behind one address does. Every draw comes from
+//! the world's seed.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -38,11 +41,19 @@ use crate::sync::lock;
 /// How the simulated server is named in errors and health.
 const SERVER: &str = "simulated-redis:6379";
 
-/// The kinds of fault tier two adds to the network's, each drawn on or off from the seed.
-#[derive(Debug, Clone, Copy)]
+/// How long the store's `WAIT` waits for a replica (the builder's default).
+const REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The kinds of fault tier two adds to the network's, each drawn from the seed.
+#[derive(Debug, Clone)]
 struct Faults {
     /// Connections break now and then, until the network's faults heal.
     broken_connections: bool,
+    /// The lag of each replica of the master (none: no `WAIT` behind grants).
+    replica_lags: Vec<Duration>,
+    /// When the master fails over to its best replica, before the faults heal, and how long
+    /// after the world's start that is (for the trace).
+    failover: Option<(Instant, Duration)>,
 }
 
 /// One simulated Redis server in a world, shared by every client's connections.
@@ -58,6 +69,9 @@ struct Shared {
     lease_lengths: Vec<Duration>,
     /// Connections opened so far: the next one's id.
     opened: AtomicU64,
+    /// Whether the drawn failover happened on the node (it happens at the first command or look
+    /// at the node from its time on).
+    failed_over: AtomicBool,
     /// The connections of open subscriptions, by id: where what is published goes.
     subscribers: Mutex<BTreeMap<u64, Weak<Connection>>>,
 }
@@ -72,16 +86,37 @@ impl SimRedis {
     /// faults and ids drawn from the world's seed.
     pub fn new(network: &Network, lease_lengths: &[Duration]) -> Self {
         let mut stream = crate::sim::stream(&[REDIS, FAULTS]);
-        let faults = Faults {
-            broken_connections: stream.percent(50),
+        let broken_connections = stream.percent(50);
+        // Drawn after the faults above, so that a seed without replicas keeps its world.
+        let replica_lags: Vec<Duration> = match stream.percent(40) {
+            true => (0..stream.between(1, 2))
+                .map(|_| match stream.percent(50) {
+                    true => stream.millis(5, 30),
+                    false => Duration::ZERO,
+                })
+                .collect(),
+            false => Vec::new(),
         };
-        let node = Node::new(crate::sim::stream(&[REDIS, NODE]).number());
+        let healed_after = network.healed_after().as_millis() as u64;
+        let failover = (!replica_lags.is_empty() && stream.percent(60)).then(|| {
+            let after = stream.millis(20, healed_after.saturating_sub(1).max(20));
+            (Instant::now() + after, after)
+        });
+        let mut node = Node::new(crate::sim::stream(&[REDIS, NODE]).number());
+        for lag in &replica_lags {
+            node.add_replica(*lag);
+        }
         Self(Arc::new(Shared {
             node: Mutex::new(node),
             network: network.clone(),
-            faults,
+            faults: Faults {
+                broken_connections,
+                replica_lags,
+                failover,
+            },
             lease_lengths: lease_lengths.to_vec(),
             opened: AtomicU64::new(1),
+            failed_over: AtomicBool::new(false),
             subscribers: Mutex::default(),
         }))
     }
@@ -101,16 +136,56 @@ impl SimRedis {
 
     /// Runs `look` on the node, for a scenario's own checks.
     pub fn with_node<R>(&self, look: impl FnOnce(&mut Node) -> R) -> R {
-        look(&mut lock(&self.0.node))
+        look(&mut self.0.node_now())
+    }
+
+    /// How much longer than over the network alone a grant may take once the faults healed. Its
+    /// `WAIT` waits for the slowest replica, through the round in flight on its connection and
+    /// then its own. After a failover that left the new master no replica, a client's first
+    /// rounds there (the one in flight and the next, both counted before) wait out `WAIT`'s
+    /// timeout before the store counts the replicas again: it learns of a failover no sooner.
+    pub fn acknowledgement_allowance(&self) -> Duration {
+        let faults = &self.0.faults;
+        let slowest = faults
+            .replica_lags
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or_default();
+        let bereft = faults.failover.is_some() && faults.replica_lags.len() == 1;
+        2 * slowest
+            + if bereft {
+                2 * REPLICA_ACK_TIMEOUT
+            } else {
+                Duration::ZERO
+            }
     }
 
     /// The faults tier two adds, for a trace.
     pub fn describe(&self) -> String {
         let mut text = String::from("redis faults [");
-        if self.0.faults.broken_connections {
-            text.push_str("broken-connections");
+        let faults = &self.0.faults;
+        let mut kinds = Vec::new();
+        if faults.broken_connections {
+            kinds.push("broken-connections".to_owned());
         }
-        let _ = write!(text, "]");
+        if !faults.replica_lags.is_empty() {
+            let lags: Vec<String> = faults
+                .replica_lags
+                .iter()
+                .map(|lag| format!("{}ms", lag.as_millis()))
+                .collect();
+            let mut replicas = format!(
+                "replicas {} lag {}",
+                faults.replica_lags.len(),
+                lags.join(",")
+            );
+            if let Some((_, after)) = faults.failover {
+                let _ = write!(replicas, " failover at {}ms", after.as_millis());
+            }
+            kinds.push(replicas);
+        }
+        let _ = write!(text, "{}]", kinds.join("; "));
         text
     }
 }
@@ -130,10 +205,12 @@ impl Shared {
             sometimes("a Redis connection refused by a partition");
             return Err(net::refused_error());
         }
-        let breaks_at = match (breaks_at, net.next_partition(client)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        // A connection open at the failover breaks then.
+        let failover = self.failover_at().filter(|at| Instant::now() < *at);
+        let breaks_at = [breaks_at, net.next_partition(client), failover]
+            .into_iter()
+            .flatten()
+            .min();
         Ok(Arc::new(Connection {
             id: self.opened.fetch_add(1, Ordering::Relaxed),
             client,
@@ -165,15 +242,47 @@ impl Shared {
         lengths.get(at).copied()
     }
 
+    /// When the master fails over, if it does.
+    fn failover_at(&self) -> Option<Instant> {
+        self.faults.failover.map(|(at, _)| at)
+    }
+
+    /// The node, its clock set to now, failed over first if that was due: to the replica that
+    /// applied the most by the failover's time, as a Sentinel promotes.
+    fn node_now(&self) -> std::sync::MutexGuard<'_, Node> {
+        let mut node = lock(&self.node);
+        let Some(micros) = crate::world::epoch_micros() else {
+            return node;
+        };
+        let now = Instant::now();
+        if let Some(at) = self.failover_at().filter(|at| *at <= now)
+            && !self.failed_over.swap(true, Ordering::Relaxed)
+        {
+            let since = u64::try_from(now.duration_since(at).as_micros()).unwrap_or(u64::MAX);
+            node.set_clock(micros.saturating_sub(since));
+            if let Some(best) = node.best_replica() {
+                sometimes("a Redis failover");
+                node.fail_over(best);
+            }
+        }
+        node.set_clock(micros);
+        node
+    }
+
     /// Runs `cmds` on the node as they came on `connection`, now, and sends what they published
     /// to its subscribers.
     fn execute(&self, connection: u64, cmds: &[Cmd]) -> Vec<Value> {
-        let mut node = lock(&self.node);
-        if let Some(micros) = crate::world::epoch_micros() {
-            node.set_clock(micros);
+        let mut node = self.node_now();
+        let now = Instant::now();
+        // Its grant's `WAIT` may still wait when the master fails over.
+        if self
+            .failover_at()
+            .is_some_and(|at| now < at && at <= now + REPLICA_ACK_TIMEOUT)
+            && cmds.iter().any(is_hand_over)
+        {
+            sometimes("a hand-over in flight during a failover");
         }
         // Subscriptions whose connection broke meanwhile are gone.
-        let now = Instant::now();
         let mut subscribers = lock(&self.subscribers);
         subscribers.retain(|id, subscriber| {
             let live = subscriber.upgrade().is_some_and(|s| !s.broken(now));
@@ -238,6 +347,7 @@ impl Connection {
     /// replies, for as long as it takes: the caller bounds it.
     async fn request(self: Arc<Self>, cmds: Vec<Cmd>) -> Result<Vec<Value>, RedisError> {
         let (net, client) = (self.net.clone(), self.client);
+        let cmds_hand_over = cmds.iter().any(is_hand_over);
         if self.broken(Instant::now()) {
             return Err(net::reset_error());
         }
@@ -289,6 +399,9 @@ impl Connection {
             replied = reply => replied,
             () = breaks => {
                 sometimes("a Redis connection broke under a request");
+                if self.breaks_at == self.shared.failover_at() && cmds_hand_over {
+                    sometimes("a hand-over in flight during a failover");
+                }
                 Err(net::reset_error())
             }
         }
@@ -304,11 +417,38 @@ impl Connection {
             if matches!(reply, Value::Int(acked) if *acked >= wanted) || timeout.is_zero() {
                 continue;
             }
-            sometimes("a WAIT blocked until its timeout");
-            tokio::time::sleep_until(arrived + timeout).await;
-            *reply = lock(&self.shared.node).cmd_on(self.id, cmd);
+            // Answered once enough replicas applied the write (looked at each millisecond), or
+            // with the count at the timeout.
+            let deadline = arrived + timeout;
+            loop {
+                let step = Instant::now() + Duration::from_millis(1);
+                tokio::time::sleep_until(step.min(deadline)).await;
+                if self.broken(Instant::now()) {
+                    return;
+                }
+                *reply = self.shared.node_now().cmd_on(self.id, cmd);
+                if matches!(reply, Value::Int(acked) if *acked >= wanted) {
+                    sometimes("a WAIT answered once a lagging replica applied the write");
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    sometimes("a WAIT blocked until its timeout");
+                    break;
+                }
+            }
         }
     }
+}
+
+/// Whether `cmd` runs the hand-over script.
+fn is_hand_over(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &[],
+    });
+    args.next()
+        .is_some_and(|name| name.eq_ignore_ascii_case(b"EVALSHA"))
+        && args.next() == Some(scripts::HAND_OVER.get_hash().as_bytes())
 }
 
 /// `WAIT numreplicas timeout`'s numbers, when `cmd` is one.
@@ -376,7 +516,7 @@ impl From<&RedisLink> for Backing {
             response_timeout: Duration::from_secs(1),
             names: Names::new("lockmacro"),
             replica_acks: 1,
-            replica_ack_timeout: Duration::from_millis(500),
+            replica_ack_timeout: REPLICA_ACK_TIMEOUT,
             background: tokio::runtime::Handle::current(),
         };
         let transport = SimTransport {

@@ -759,6 +759,8 @@ impl<T: Transport> RedisStore<T> {
     /// Undoes a grant its replicas did not acknowledge, before the caller hears of it, on the
     /// connection that carried it; left to the guard (in the background) when that fails.
     async fn undo_now(&self, undo: &mut UndoGuard<'_, T>) {
+        #[cfg(feature = "sim")]
+        crate::world::sometimes("a grant undone after missing acknowledgements");
         let abandoned = undo.abandoned;
         let released = match abandoned.keys.is_empty() {
             true => match self.release_cmd(abandoned) {
@@ -1328,6 +1330,8 @@ impl<T: Transport> HandsOver for RedisStore<T> {
                 // undo fails too, the caller hears the error and the next holder's token is
                 // given up in the background.
                 tracing::debug!(key = %lease.key, error = %error, "a hand-over no replica acknowledged is undone");
+                #[cfg(feature = "sim")]
+                crate::world::sometimes("a grant undone after missing acknowledgements");
                 let undone = LeaseRef {
                     undone: true,
                     ..next
