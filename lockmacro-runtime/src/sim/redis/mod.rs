@@ -710,17 +710,18 @@ fn entries(keyspace: &Keyspace) -> Vec<(Vec<u8>, Entry)> {
         .collect()
 }
 
+/// A redis-rs command's arguments as bytes; a cursor argument (the only other kind) is a scan
+/// from its start, `0`.
+pub(crate) fn arguments(cmd: &::redis::Cmd) -> impl Iterator<Item = &[u8]> {
+    cmd.args_iter().map(|arg| match arg {
+        ::redis::Arg::Simple(bytes) => bytes,
+        _ => b"0".as_slice(),
+    })
+}
+
 /// A redis-rs command's arguments, as the node reads them.
 fn cmd_args(cmd: &::redis::Cmd) -> Args {
-    let args = cmd
-        .args_iter()
-        .map(|arg| match arg {
-            ::redis::Arg::Simple(bytes) => bytes.to_vec(),
-            // A cursor argument (the only other kind): a scan from its start.
-            _ => b"0".to_vec(),
-        })
-        .collect();
-    Args::new(args)
+    Args::new(arguments(cmd).map(<[u8]>::to_vec).collect())
 }
 
 /// The scripts the Redis store sends, by name, as it sends them (helpers in front): what a

@@ -442,10 +442,7 @@ impl Connection {
 
 /// Whether `cmd` runs the hand-over script.
 fn is_hand_over(cmd: &Cmd) -> bool {
-    let mut args = cmd.args_iter().map(|arg| match arg {
-        redis::Arg::Simple(bytes) => bytes,
-        _ => &[],
-    });
+    let mut args = super::arguments(cmd);
     args.next()
         .is_some_and(|name| name.eq_ignore_ascii_case(b"EVALSHA"))
         && args.next() == Some(scripts::HAND_OVER.get_hash().as_bytes())
@@ -453,10 +450,7 @@ fn is_hand_over(cmd: &Cmd) -> bool {
 
 /// `WAIT numreplicas timeout`'s numbers, when `cmd` is one.
 fn wait_of(cmd: &Cmd) -> Option<(i64, Duration)> {
-    let mut args = cmd.args_iter().map(|arg| match arg {
-        redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        _ => String::new(),
-    });
+    let mut args = super::arguments(cmd).map(String::from_utf8_lossy);
     if !args.next()?.eq_ignore_ascii_case("WAIT") {
         return None;
     }
