@@ -325,3 +325,41 @@ async fn without_pubsub_in_the_acl_a_release_still_hands_the_lock_over() {
     waiter.await.unwrap().unwrap();
     assert_eq!(get(&server, "handover:5").await, None);
 }
+
+/// A key that frees itself without a release (its readers' hold ran out) cannot hand itself
+/// over: the writer that waited past the starvation bound keeps its reservation among the key's
+/// waiters, so the free key waits for it rather than going to whoever looks first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_its_readers_held_goes_to_the_writer_that_reserved_it() {
+    use std::sync::Mutex;
+    let server = RedisServer::start();
+    let (reader, reserving, late) = (
+        fast_client(&server).await,
+        fast_client(&server).await,
+        fast_client(&server).await,
+    );
+    let key = "handover:readers";
+    let hold = Duration::from_millis(800);
+    reader
+        .run_locked(key, opts(5_000).read().hold_at_least(hold), async {})
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let writer = |client: LockClient, name: &'static str| {
+        let order = order.clone();
+        async move {
+            let options = opts(5_000).wait(Duration::from_secs(10));
+            client
+                .run_locked(key, options, async { order.lock().unwrap().push(name) })
+                .await
+                .unwrap();
+        }
+    };
+    let first = tokio::spawn(writer(reserving.clone(), "reserved"));
+    // Well past the starvation bound: its look since has reserved the key.
+    tokio::time::sleep(protocol::RESERVE_AFTER * 10).await;
+    let second = tokio::spawn(writer(late.clone(), "late"));
+    first.await.unwrap();
+    second.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["reserved", "late"]);
+}

@@ -291,11 +291,12 @@ fn history(seed: u64) -> Vec<Step> {
                 }
             }
             87..=89 => {
-                let read = match draw.below(5) {
+                let read = match draw.below(6) {
                     0 => strings(&["PTTL", &n.key]),
                     1 => strings(&["GETRANGE", &n.key, "0", "39"]),
                     2 => strings(&["HGET", &n.key, "kind"]),
                     3 => strings(&["TYPE", &n.key]),
+                    4 => strings(&["HMGET", &n.waiters, "served", "reserved", "nobody"]),
                     _ => strings(&["MGET", &n.key, &n.channel, &n.fence]),
                 };
                 let compare = match read[0].as_str() {

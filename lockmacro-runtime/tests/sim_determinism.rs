@@ -844,9 +844,14 @@ fn replay(
 /// kept its place in the queue until the place lapsed, and the next in line slept on the free
 /// key. 6781: a client's subscription task unsubscribed a key its waiters had come back to (a
 /// stale `Unwatch`, queued behind a slow opening that had marked them heard), and they slept on
-/// the free key deaf to its releases. 1050, 1210 and 1646: see [`BUSY_FROM_SEED`].
+/// the free key deaf to its releases. 1050, 1210 and 1646: see [`BUSY_FROM_SEED`]. 621 and 1141:
+/// an outsider of a busy group starved on a key freed by its readers' hold (see
+/// [`BUSY_FROM_SEED`]); 504 and 770 found callers kept out of a reserved free key unrecorded
+/// (fixed by the next reservation, `reserved_next`), 537 a reservation's caller asleep on the
+/// free key (fixed by naming it in the hold's announcement).
 const REGRESSIONS: &[u64] = &[
-    460, 1050, 1210, 1620, 1646, 4171, 5796, 5834, 6756, 6781, 6993, 7784, 8046, 8449,
+    460, 504, 537, 621, 770, 1050, 1141, 1210, 1620, 1646, 4171, 5796, 5834, 6756, 6781, 6993,
+    7784, 8046, 8449,
 ];
 
 // ---- The busy client (issue 48): a client whose tasks hand one key around inside themselves,
@@ -856,12 +861,13 @@ const REGRESSIONS: &[u64] = &[
 const BUSY: u64 = 4;
 /// One seed in this many has a busy group.
 const BUSY_ONE_IN: u64 = 4;
-/// The first seed that may have a busy group. CI's fixed set (1 to 400) has none yet: with
-/// busy groups from seed 1, seed 235 finds an outsider starved, as 621, 1141, 1575, 1622 and
-/// 1815 do above it. A reservation lives in its holder's value, and a key that frees itself
-/// without a release (its hold_at_least ran out, its last reader's lease ended) loses it: the
-/// free key goes to whoever looks first, often the busy client. Set it to 1 once that is fixed.
-const BUSY_FROM_SEED: u64 = 401;
+/// The first seed that may have a busy group: every seed may. Until the reservation of a caller
+/// of one key lived among the key's waiters (waiters.lua's `reserved` and `reserved_next`) it
+/// lived only in an exclusive holder's value, and a key that freed itself without a release (its
+/// hold_at_least ran out, its last reader's lease ended) or held by readers lost it: the free
+/// key went to whoever looked first, often the busy client. Busy groups began at seed 401 then,
+/// and 235 (with them from seed 1), 621, 1141, 1575, 1622 and 1815 found an outsider starved.
+const BUSY_FROM_SEED: u64 = 1;
 // Seed 1210 found the defect 31f4a86 fixed (a look straddling the starvation bound starved an
 // outsider for 5 busy turns) on 97c6817 with that fix reverted. 1050 and 1646: a caller of
 // several keys that began waiting earlier displaced an outsider's reservation of one key, and
@@ -1071,15 +1077,20 @@ const REDIS_SEEDS: std::ops::Range<u64> = 1..81;
 ///
 /// Not listed: of seeds 1 to 2000 with replicas and failovers drawn, four fail, none on exclusion or
 /// fencing. 955 and 1384, busy-group worlds (seeds past 400) whose grants wait on lagging
-/// replicas, fail the starvation checks (a busy client's waiter passed over twice by outsiders;
-/// an outsider past the bound waiting out two busy turns): both pass without the replicas, and
-/// 1187, without replicas, fails the same way, so this is the busy group's open starvation, made
-/// likelier by each grant's `WAIT`. 1958: a client's connect, begun before the heal, lost its
+/// replicas, failed the starvation checks (a busy client's waiter passed over twice by outsiders;
+/// an outsider past the bound waiting out two busy turns), as 1187 without replicas did: since
+/// reservations live among the key's waiters, 1187 and 1384 pass (1187 is listed); 955, a busy
+/// client's own waiter passed over by two outsiders while grants wait on a lagging replica, is
+/// open, as is 820 (a third caller past the bound is recorded only once one of the two places
+/// frees). 333, 441, 560, 600, 608 and 1573 caught earlier shapes of those reservations (a free
+/// key kept for a caller asleep, or gone: a hold's end unannounced to it, a late look of a call
+/// that had left, an undo announced as a release, two callers each refused for the other). 1958: a client's connect, begun before the heal, lost its
 /// script load's reply, timed out after 2 s and did not connect again for 1.4 s (its
 /// backoff), so a waiter of a free key slept 311 ms into the liveness checks: [`GRACE`] does
 /// not cover a connect's timeout and its backoff.
 const REDIS_REGRESSIONS: &[u64] = &[
-    92, 114, 139, 145, 195, 280, 288, 303, 388, 398, 425, 440, 455, 518, 524, 549, 556,
+    92, 114, 139, 145, 195, 280, 288, 303, 333, 388, 398, 425, 440, 441, 455, 518, 524, 549, 556,
+    560, 600, 608, 1187, 1573,
 ];
 
 /// Tier two: the same worlds over the real Redis store and its scripts on a simulated Redis.

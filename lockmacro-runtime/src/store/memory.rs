@@ -41,6 +41,8 @@
 //! | … `before`, `mark` | `Reserved::before`, `Held::mark` |
 //! | … `later_attempt` | `protocol::is_later_attempt` |
 //! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle`, `others_waiting` | `Data::` the same |
+//! | … `unreserve`; acquire.lua's `reserve`, `standing` | `Waiters::unreserve`; `Data::reserve` |
+//! | release.lua's and release_shared.lua's naming of the caller a key is reserved for | `Data::reserver` |
 //! | … the hash's expiry | `Waiters::expires`, read by `Data::waiters_of` |
 //! | `holders.lua`: `live_holders` | `Data::live` |
 //! | `PUBLISH`, `SPUBLISH` | `Data::publish` |
@@ -122,9 +124,30 @@ struct Waiters {
     entries: Map<String, Instant>,
     /// The last caller served, and the mean time between two (`None` after the first).
     served: Option<(Instant, Option<Duration>)>,
+    /// The reservation of the key for a caller of it alone that waited too long (the hash's
+    /// `reserved` field, see waiters.lua): it stands while that caller is counted, and the free
+    /// key waits for it.
+    reserved: Option<Reserved>,
+    /// The next such caller (`reserved_next`): it moves up when the first is served or leaves.
+    reserved_next: Option<Reserved>,
     /// When the scripts' hash expires: with its longest-lived entry, or a while after the
     /// callers left ([`WAITERS_IDLE_LIFE`]); `None` before anything was counted.
     expires: Option<Instant>,
+}
+
+impl Waiters {
+    /// waiters.lua's `unreserve`: `token`'s reservation leaves, and the next one moves up (it is
+    /// returned).
+    fn unreserve(&mut self, token: &str) -> Option<Reserved> {
+        let is = |slot: &Option<Reserved>| slot.as_ref().is_some_and(|r| r.token() == token);
+        if is(&self.reserved_next) {
+            self.reserved_next = None;
+        } else if is(&self.reserved) {
+            self.reserved = self.reserved_next.take();
+            return self.reserved.clone();
+        }
+        None
+    }
 }
 
 /// How long the callers waiting for a key are remembered once nobody is counted (waiters.lua's
@@ -308,28 +331,117 @@ impl Data {
     }
 
     /// `others_waiting`: whether a caller other than `token` is counted waiting for `key` (a
-    /// lock taken on the free key is then marked); an entry that lapsed counts until the hash
-    /// goes, as in the scripts.
-    fn others_waiting(&mut self, key: &str, token: &str, now: Instant) -> bool {
+    /// lock taken on the free key is then marked; an entry that lapsed counts until the hash
+    /// goes, as in the scripts); then, when the free key stands reserved for another caller,
+    /// when that reservation lapses.
+    fn others_waiting(
+        &mut self,
+        key: &str,
+        token: &str,
+        now: Instant,
+    ) -> (bool, Option<(Instant, Reserved)>) {
         let waiters = self.waiters_of(key, now);
-        waiters.entries.keys().any(|waiter| waiter != token)
+        let others = waiters.entries.keys().any(|waiter| waiter != token);
+        for reserved in [&waiters.reserved, &waiters.reserved_next]
+            .into_iter()
+            .flatten()
+        {
+            if reserved.token() == token {
+                return (others, None);
+            }
+            if let Some(lapses) = waiters.entries.get(reserved.token())
+                && *lapses > now
+            {
+                return (others, Some((*lapses, reserved.clone())));
+            }
+        }
+        (others, None)
+    }
+
+    /// release.lua's undo: a reservation written by the attempt of `value` (it arrived late,
+    /// after its call left, say) is taken off, among the waiters and after the holder's mark.
+    fn unreserve_attempt(&mut self, key: &str, value: &str, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        let by_this = |slot: &Option<Reserved>| slot.as_ref().is_some_and(|r| r.value == value);
+        if by_this(&waiters.reserved_next) {
+            waiters.reserved_next = None;
+        } else if by_this(&waiters.reserved) {
+            waiters.reserved = waiters.reserved_next.take();
+        }
+        if let Some(Held::Exclusive { reserved, .. }) = self.live(key, now)
+            && reserved.as_ref().is_some_and(|r| r.value == value)
+        {
+            *reserved = None;
+        }
+    }
+
+    /// The caller `key` stands reserved for among its waiters, while it is counted.
+    fn reserver(&mut self, key: &str, now: Instant) -> Option<String> {
+        let waiters = self.waiters_of(key, now);
+        let reserved = waiters.reserved.as_ref()?;
+        let lapses = waiters.entries.get(reserved.token())?;
+        (*lapses > now).then(|| reserved.token().to_owned())
+    }
+
+    /// acquire.lua's `reserve`: a caller that waited too long reserves `key` among its
+    /// waiters, unless a caller still counted there that began waiting earlier did.
+    /// First, unless a caller still counted there that began waiting earlier did; else next,
+    /// on the same terms.
+    fn reserve(&mut self, key: &str, reservation: Reserved, now: Instant) {
+        let waiters = self.waiters_of(key, now);
+        let standing = |slot: &Option<Reserved>| {
+            slot.clone().filter(|current| {
+                current.token() != reservation.token()
+                    && waiters
+                        .entries
+                        .get(current.token())
+                        .is_some_and(|lapses| *lapses > now)
+            })
+        };
+        let (first, mut second) = (
+            standing(&waiters.reserved),
+            standing(&waiters.reserved_next),
+        );
+        match first {
+            Some(first) if !reservation.before(&first) => {
+                if second
+                    .as_ref()
+                    .is_none_or(|second| reservation.before(second))
+                {
+                    second = Some(reservation);
+                }
+            }
+            first => {
+                if let Some(first) = first
+                    && second.as_ref().is_none_or(|second| first.before(second))
+                {
+                    second = Some(first);
+                }
+                waiters.reserved = Some(reservation);
+            }
+        }
+        waiters.reserved_next = second;
     }
 
     /// `forget_when_idle`: once the hash holds one field at most (the `served` field, or one
     /// caller's entry), it lives [`WAITERS_IDLE_LIFE`] more.
     fn forget_when_idle(&mut self, key: &str, now: Instant) {
         let waiters = self.waiters_of(key, now);
-        if waiters.entries.len() + usize::from(waiters.served.is_some()) <= 1 {
+        let fields = waiters.entries.len()
+            + usize::from(waiters.served.is_some())
+            + usize::from(waiters.reserved.is_some())
+            + usize::from(waiters.reserved_next.is_some());
+        if fields <= 1 {
             waiters.expires = Some(now + WAITERS_IDLE_LIFE);
         }
     }
 
-    /// `served`: a waiting caller got `key`.
-    fn served(&mut self, key: &str, token: &str, now: Instant) {
+    /// `served`: a waiting caller got `key` (and its reservation is served). Returns the
+    /// reservation that moved up, if any: the new holder is marked with it.
+    fn served(&mut self, key: &str, token: &str, now: Instant) -> Option<Reserved> {
         let waiters = self.waiters_of(key, now);
-        if waiters.entries.remove(token).is_none() {
-            return;
-        }
+        waiters.entries.remove(token)?;
+        let moved = waiters.unreserve(token);
         let mean = match waiters.served {
             Some((last, mean)) => {
                 let gap = now.saturating_duration_since(last);
@@ -339,6 +451,7 @@ impl Data {
         };
         waiters.served = Some((now, mean));
         self.forget_when_idle(key, now);
+        moved
     }
 
     /// `estimate`: how long a caller coming back now may wait for `key`.
@@ -408,8 +521,12 @@ impl Data {
         if request.waiting {
             let life = request.waiter_place() + remaining.unwrap_or_default().mul_f64(1.1);
             self.count_waiter(request.key, request.token(), life, now);
+            let reservation = Reserved::of(request);
+            if let Some(reservation) = reservation.clone() {
+                self.reserve(request.key, reservation, now);
+            }
             if let Some(held) = self.live(request.key, now) {
-                held.mark(Reserved::of(request));
+                held.mark(reservation);
             }
             if request.fair {
                 self.keep_place(request, now);
@@ -435,12 +552,27 @@ impl Data {
         let lease_end = now + request.ttl;
         let writer_waits = request.kind == LockKind::Read && self.writer_waits(key, now);
         let watched = self.watched(key, now);
+        // A free key reserved for another caller waits for it, unless this caller reserves too
+        // and began waiting earlier: the one it passes stays owed the key next.
+        let mut others = false;
+        let mut owed = None;
+        if self.live(key, now).is_none() {
+            let reserved;
+            (others, reserved) = self.others_waiting(key, token, now);
+            if let Some((lapses, standing)) = reserved {
+                if !Reserved::of(request).is_some_and(|mine| mine.before(&standing)) {
+                    return Err(self.busy(request, Some(lapses - now), now));
+                }
+                owed = Some(standing);
+            }
+        }
         match (request.kind, self.live(key, now)) {
             (LockKind::Exclusive, None) => {
                 // Fair waiters all look at each release: a fair holder's is announced, as a
                 // watched key's holder's, and as one taken while others are counted waiting (a
-                // reader kept out only by a writer's claim marked nothing).
-                let waited = request.fair || watched || self.others_waiting(key, token, now);
+                // reader kept out only by a writer's claim marked nothing; a caller kept out by
+                // a reservation).
+                let waited = request.fair || watched || others;
                 let held = Held::Exclusive {
                     value: request.value.to_owned(),
                     expires: lease_end,
@@ -523,8 +655,13 @@ impl Data {
         if let Some(queue) = self.queues.get_mut(key) {
             queue.retain(|(queued, _)| queued != token);
         }
-        if request.waiting {
-            self.served(key, token, now);
+        if request.waiting
+            && let Some(moved) = self.served(key, token, now).or(owed)
+            && request.kind == LockKind::Exclusive
+            && let Some(held) = self.live(key, now)
+        {
+            // The next caller the key is reserved for: this holder's release hands it on.
+            held.mark(Some(moved));
         }
         Ok(())
     }
@@ -552,14 +689,28 @@ impl Data {
         for key in request.keys {
             self.foreign(key)?;
         }
-        let busy = request.keys.iter().position(|key| {
-            self.live(key, now)
-                .is_some_and(|held| !held.of_token(token))
-        });
-        if let Some(index) = busy {
-            let remaining = self
-                .live(&request.keys[index], now)
-                .and_then(|held| held.remaining(now));
+        // The first key held by another, or free but reserved for another caller of it alone
+        // (as acquire.lua's), and when it may be free.
+        let mut others = vec![false; request.keys.len()];
+        let mut busy = None;
+        for (index, key) in request.keys.iter().enumerate() {
+            match self.live(key, now) {
+                Some(held) if !held.of_token(token) => {
+                    busy = Some((index, held.remaining(now)));
+                    break;
+                }
+                Some(_) => {}
+                None => {
+                    let reserved;
+                    (others[index], reserved) = self.others_waiting(key, token, now);
+                    if let Some((lapses, _)) = reserved {
+                        busy = Some((index, Some(lapses - now)));
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some((index, remaining)) = busy {
             if request.waiting {
                 let life = request.waiter_place() + remaining.unwrap_or_default().mul_f64(1.1);
                 let reservation = request.reserving_since.map(|since_ms| Reserved {
@@ -584,7 +735,7 @@ impl Data {
                 estimate,
             });
         }
-        for key in request.keys {
+        for (index, key) in request.keys.iter().enumerate() {
             let watched = self.watched(key, now);
             match self.live(key, now) {
                 Some(Held::Exclusive { value, expires, .. }) => {
@@ -597,7 +748,7 @@ impl Data {
                 }
                 _ => {
                     // Marked when watched, or when others are counted waiting for it.
-                    let waited = watched || self.others_waiting(key, token, now);
+                    let waited = watched || others[index];
                     let held = Held::Exclusive {
                         value: request.value.to_owned(),
                         expires: now + request.ttl,
@@ -607,8 +758,11 @@ impl Data {
                     self.locks.insert(key.clone(), held);
                 }
             }
-            if request.waiting {
-                self.served(key, token, now);
+            if request.waiting
+                && let Some(moved) = self.served(key, token, now)
+                && let Some(held) = self.live(key, now)
+            {
+                held.mark(Some(moved));
             }
         }
         Ok(AcquiredMany::Taken)
@@ -653,6 +807,9 @@ impl Data {
     fn release(&mut self, lease: LeaseRef<'_>, now: Instant) -> bool {
         let key = lease.key;
         let message = announcement(lease);
+        if lease.undone {
+            self.unreserve_attempt(key, lease.value, now);
+        }
         if let Some(kept) = lease.kept_for() {
             // `kept`: the holder stays until the hold is over, and whoever waits or watches is
             // told to look again.
@@ -661,9 +818,20 @@ impl Data {
                     self.live(key, now),
                     Some(Held::Exclusive { waited: true, .. } | Held::Shared { .. })
                 );
+            // The key frees itself when the hold ends, unannounced: a caller it is reserved for
+            // is named, so that it looks now (and learns when).
+            let reserver = match self.live(key, now) {
+                Some(Held::Exclusive {
+                    reserved: Some(next),
+                    ..
+                }) if next.keys == 1 => Some(next.token().to_owned()),
+                Some(Held::Shared { .. }) => self.reserver(key, now),
+                _ => None,
+            };
             let ours = self.keep(lease, now + kept, now);
             if ours && listened {
-                self.publish(key, String::new());
+                let message = reserver.map_or_else(String::new, |next| handed("", &next));
+                self.publish(key, message);
             }
             return ours;
         }
@@ -698,10 +866,17 @@ impl Data {
                 if holders.remove(lease.value).is_none() {
                     return false;
                 }
+                let mut message = message.to_owned();
                 if holders.is_empty() {
                     self.locks.remove(key);
+                    // The last holder out names a caller the free key is reserved for.
+                    if !message.is_empty()
+                        && let Some(reserver) = self.reserver(key, now)
+                    {
+                        message = handed(&message, &reserver);
+                    }
                 }
-                self.publish(key, message.to_owned());
+                self.publish(key, message);
                 true
             }
             _ => false,
@@ -775,8 +950,13 @@ impl Data {
                 if let Some(Held::Exclusive { expires, .. }) = self.locks.get_mut(key.as_str()) {
                     *expires = now + kept;
                 }
+                // A caller of it alone it is reserved for is named, as in `release`.
                 if listened {
-                    self.publish(key, String::new());
+                    let message = match reservation.as_ref().filter(|next| next.keys == 1) {
+                        Some(next) => handed("", next.token()),
+                        None => String::new(),
+                    };
+                    self.publish(key, message);
                 }
             } else if let Some(next) = reservation.as_ref().filter(|next| {
                 !message.is_empty() && (next.keys == 1 || reserved_all_here(&found, next))
@@ -845,7 +1025,16 @@ impl Data {
         self.locks.insert(key.to_owned(), held);
         // The next holder waited: it is served, and a claim it made against new readers while
         // readers held the key goes, as when it takes the key itself.
-        self.served(key, next_token, now);
+        if let Some(moved) = self.served(key, next_token, now)
+            && let Some(Held::Exclusive {
+                waited, reserved, ..
+            }) = self.live(key, now)
+            && reserved.is_none()
+        {
+            // The next caller the key is reserved for: this holder's release hands it on.
+            *waited = true;
+            *reserved = Some(moved);
+        }
         if let Some(writers) = self.writers.get_mut(key) {
             writers.remove(next_token);
         }
@@ -881,7 +1070,14 @@ impl Data {
     /// queue's head that leaves others behind it while no exclusive holder holds the key is
     /// announced as "look again": the next in line may take it now.
     fn leave(&mut self, key: &str, token: &str, now: Instant) {
-        self.waiters_of(key, now).entries.remove(token);
+        let waiters = self.waiters_of(key, now);
+        waiters.entries.remove(token);
+        // Whether the free key stood reserved for it: the next caller moves up.
+        let reserved = waiters
+            .reserved
+            .as_ref()
+            .is_some_and(|reserved| reserved.token() == token);
+        waiters.unreserve(token);
         self.forget_when_idle(key, now);
         if let Some(writers) = self.writers.get_mut(key) {
             writers.remove(token);
@@ -894,6 +1090,9 @@ impl Data {
             }
             headed && !queue.is_empty()
         });
+        // Callers it kept out of a free key: those behind it in the queue, or any, when
+        // reserved for it.
+        let kept_out = headed || reserved;
         match self.live(key, now) {
             Some(Held::Exclusive { value, .. }) if protocol::holds(value, token) => {
                 let value = value.clone();
@@ -909,7 +1108,7 @@ impl Data {
             Some(Held::Exclusive { .. }) => {}
             Some(Held::Foreign(found)) if found != protocol::FOREIGN_HASH => {}
             _ => {
-                if headed {
+                if kept_out {
                     self.publish(key, String::new());
                 }
             }

@@ -352,6 +352,8 @@ pub(crate) struct OwnedLease {
     kind: LockKind,
     ttl: Duration,
     hold_until: Option<u64>,
+    /// An undone attempt's stays one when its undo is sent later (announced as "look again").
+    undone: bool,
 }
 
 impl OwnedLease {
@@ -363,6 +365,7 @@ impl OwnedLease {
             kind: lease.kind,
             ttl: lease.ttl,
             hold_until: lease.hold_until,
+            undone: lease.undone,
         }
     }
 
@@ -374,7 +377,7 @@ impl OwnedLease {
             kind: self.kind,
             ttl: self.ttl,
             hold_until: self.hold_until,
-            undone: false,
+            undone: self.undone,
         }
     }
 }
@@ -705,3 +708,29 @@ impl Unreachable {
 #[derive(Debug, thiserror::Error)]
 #[error("no answer within {0:?}")]
 pub(crate) struct TimedOut(pub(crate) Duration);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An attempt undone in the background (its connection broke under the undo) is still
+    /// undone when sent: announced as "look again", and never handing the key over.
+    #[test]
+    fn an_owned_lease_keeps_whether_it_is_an_undone_attempt() {
+        let lease = LeaseRef {
+            key: "k",
+            keys: &[],
+            value: "v",
+            kind: LockKind::Exclusive,
+            ttl: Duration::from_secs(1),
+            hold_until: None,
+            undone: true,
+        };
+        assert!(OwnedLease::of(lease).as_ref().undone);
+        let held = LeaseRef {
+            undone: false,
+            ..lease
+        };
+        assert!(!OwnedLease::of(held).as_ref().undone);
+    }
+}

@@ -607,7 +607,10 @@ impl Names {
     }
 
     /// The callers waiting for `key`: a hash of their tokens, each holding when its entry
-    /// lapses (ms, server clock), for counting them; and [`SERVED_FIELD`].
+    /// lapses (ms, server clock), for counting them; [`SERVED_FIELD`]; and `reserved` and
+    /// `reserved_next`, the [`Reservation`]s of the first two callers of this key alone that
+    /// waited too long, which outlive a lock that frees itself without a release (see
+    /// waiters.lua).
     pub fn waiters(&self, key: &str) -> String {
         format!("{}:waiters:{key}", self.namespace)
     }

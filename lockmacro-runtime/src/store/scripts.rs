@@ -385,15 +385,26 @@ pub(crate) fn watch(key: &str, mark: &str, life: Duration) -> redis::Cmd {
 
 /// The compare-and-delete script, announcing the release on `channel`; while the lease's
 /// `hold_at_least` runs, the script keeps the key for what is left of it instead (an argument
-/// more, only then: a release without a hold costs what it did).
-pub(crate) fn release(lease: LeaseRef<'_>, channel: &str, announce: Announce) -> redis::Cmd {
+/// more, only then: a release without a hold costs what it did). `waiters` names the callers
+/// waiting for the key, given for a shared lock's holder (the last one out names a writer the
+/// key is reserved for) and for an undone attempt (a reservation it made is taken off).
+pub(crate) fn release(
+    lease: LeaseRef<'_>,
+    channel: &str,
+    waiters: Option<&str>,
+    announce: Announce,
+) -> redis::Cmd {
     let mut cmd = evalsha(
         &RELEASE,
-        2,
-        5,
-        lease.key.len() + lease.value.len() + channel.len() + 27,
+        2 + usize::from(waiters.is_some()),
+        6,
+        lease.key.len() + lease.value.len() + channel.len() + waiters.map_or(0, str::len) + 27,
     );
-    cmd.arg(lease.key).arg(channel).arg(lease.value);
+    cmd.arg(lease.key).arg(channel);
+    if let Some(waiters) = waiters {
+        cmd.arg(waiters);
+    }
+    cmd.arg(lease.value);
     announce.mark_release(&mut cmd, lease.kept_for(), lease.undone);
     cmd
 }

@@ -192,6 +192,7 @@ impl Keyspace {
             "PTTL" => args.exactly(2).map(|()| self.pttl(args.bytes(1))),
             "HSET" => self.hset(args),
             "HGET" => args.exactly(3).and_then(|()| self.hget(args)),
+            "HMGET" => args.at_least(3).and_then(|()| self.hmget(args)),
             "HDEL" => args.at_least(3).and_then(|()| self.hdel(args)),
             "HEXISTS" => args.exactly(3).and_then(|()| self.hexists(args)),
             "HLEN" => args.exactly(2).and_then(|()| self.hlen(args)),
@@ -454,6 +455,17 @@ impl Keyspace {
         let fields = self.value(args.bytes(1), hash)?;
         let found = fields.and_then(|fields| field(fields, args.bytes(2)));
         Ok(found.map_or(Reply::Nil, |value| Reply::BulkString(value.clone())))
+    }
+
+    fn hmget(&mut self, args: &Args) -> Outcome {
+        let fields = self.value(args.bytes(1), hash)?;
+        let found = (2..args.len()).map(|at| {
+            let found = fields
+                .as_deref()
+                .and_then(|fields| field(fields, args.bytes(at)));
+            found.map_or(Reply::Nil, |value| Reply::BulkString(value.clone()))
+        });
+        Ok(Reply::Array(found.collect()))
     }
 
     fn hdel(&mut self, args: &Args) -> Outcome {

@@ -24,6 +24,7 @@ use super::{
 };
 use crate::error::{LockError, LostReason};
 use crate::health::Health;
+use crate::options::LockKind;
 use replicas::{Needed, Replicas, Turn};
 pub(crate) use replicas::{NotAcknowledged, Replication};
 
@@ -554,8 +555,19 @@ impl<T: Transport> RedisStore<T> {
     }
 
     fn release_cmd(&self, lease: LeaseRef<'_>) -> Result<redis::Cmd, LockError> {
-        let channel = T::LAYOUT.release_channel(&self.settings().names, lease.key)?;
-        Ok(scripts::release(lease, &channel, T::LAYOUT.announce()))
+        let names = &self.settings().names;
+        let channel = T::LAYOUT.release_channel(names, lease.key)?;
+        let waiters = match (lease.kind, lease.undone) {
+            (LockKind::Exclusive, false) => None,
+            _ => Some(T::LAYOUT.beside(lease.key, |key| names.waiters(key))?),
+        };
+        let announce = T::LAYOUT.announce();
+        Ok(scripts::release(
+            lease,
+            &channel,
+            waiters.as_deref(),
+            announce,
+        ))
     }
 
     /// What an acquire of `request` sends: the plain `SET NX PX` (`GET` too on a cluster, see

@@ -52,17 +52,48 @@ local function queue_head()
   end
 end
 
--- Busy: a caller that waits is counted, marks an exclusive holder's key (reserving it once it
--- waited too long) and keeps its place in a fair queue.
+-- A reservation `r` stands while its caller is counted among the key's waiters.
+local function standing(r)
+  local reserver = reserver_of(r)
+  local lapses = reserver and tonumber(redis.call('HGET', KEYS[6], reserver))
+  if lapses and lapses > now then return r end
+  return nil
+end
+
+-- A caller that waited too long (`reservation`) reserves the key among its waiters (see
+-- waiters.lua): first, unless a caller still counted there that began waiting earlier did
+-- (values.lua's `before`); else next, on the same terms.
+local function reserve(reservation)
+  local found = redis.call('HMGET', KEYS[6], 'reserved', 'reserved_next')
+  local first, second = nil, nil
+  if reserver_of(found[1]) ~= token then first = standing(found[1]) end
+  if reserver_of(found[2]) ~= token then second = standing(found[2]) end
+  if not first or before(reservation, first) then
+    redis.call('HSET', KEYS[6], 'reserved', reservation)
+    if first and (not second or before(first, second)) then second = first end
+  elseif not second or before(reservation, second) then
+    second = reservation
+  end
+  if second then
+    redis.call('HSET', KEYS[6], 'reserved_next', second)
+  elseif found[2] then
+    redis.call('HDEL', KEYS[6], 'reserved_next')
+  end
+end
+
+-- Busy: a caller that waits is counted, marks an exclusive holder's key and, once it waited too
+-- long, reserves the key (in the holder's value, for its release to hand over, and among the
+-- key's waiters, for a key that frees itself), and keeps its place in a fair queue.
 local function busy(remaining)
   if waiting then
     local place = tonumber(ARGV[8])
     count_waiter(KEYS[6], token, now, place + math.floor(math.max(remaining, 0) * 1.1))
+    local reservation = ''
+    if ARGV[9] ~= '' and kind == 'x' and not fair then
+      reservation = ARGV[9] .. '/' .. value
+      reserve(reservation)
+    end
     if stored then
-      local reservation = ''
-      if ARGV[9] ~= '' and kind == 'x' and not fair then
-        reservation = ARGV[9] .. '/' .. value
-      end
       mark(key, stored, reservation)
     end
     if fair then
@@ -101,12 +132,28 @@ local function free_in()
   return redis.call('PTTL', key)
 end
 
+-- A free key reserved for another caller (see waiters.lua) waits for it: busy until that
+-- caller takes it, leaves, or stops being counted. Otherwise whether others are counted waiting.
+-- A caller that reserves too and began waiting earlier goes first: the one it passes stays owed
+-- the key next.
+local others, owed = false, nil
+if ktype == 'none' then
+  local lapses
+  others, lapses, owed = others_waiting(KEYS[6], token, now)
+  local mine = ''
+  if ARGV[9] ~= '' and kind == 'x' and not fair then mine = ARGV[9] .. '/' .. value end
+  if lapses and not (mine ~= '' and before(mine, owed)) then
+    return busy(lapses - now)
+  end
+end
+
 if kind == 'x' then
   if ktype == 'none' then
     -- Fair waiters all look at each release: a fair holder's is always announced, as a
     -- watched key's holder's, and as one taken while others are counted waiting (a reader
-    -- kept out only by a writer's claim marked nothing, and must hear this writer's release).
-    local marked = fair or watched or others_waiting(KEYS[6], token)
+    -- kept out only by a writer's claim marked nothing, and must hear this writer's release;
+    -- a caller kept out by a reservation).
+    local marked = fair or watched or others
     redis.call('SET', key, marked and (value .. '+') or value, 'PX', ttl)
   elseif ktype == 'string' and token_of(stored) == token then
     -- Ours already: a call retried after it ran, or the key handed to this waiter by a
@@ -155,7 +202,11 @@ if fair then
   redis.call('HDEL', KEYS[4], token)
 end
 if waiting then
-  served(KEYS[6], token, now)
+  local moved = served(KEYS[6], token, now) or owed
+  if moved and kind == 'x' then
+    -- The next caller the key is reserved for: this holder's release hands it on.
+    mark(key, redis.call('GET', key), moved)
+  end
 end
 
 if ARGV[3] == '0' then

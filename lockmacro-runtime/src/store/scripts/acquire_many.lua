@@ -9,7 +9,8 @@
 -- Each key is taken as acquire.lua takes an exclusive lock: a string holding the value. A key
 -- that holds our token already (marked or not) is a call retried after it ran, or a key handed
 -- to this caller by a release: it takes this attempt's value and the ttl. A free key taken while
--- another caller is counted waiting for it is marked, as acquire.lua marks it. A caller that waits
+-- another caller is counted waiting for it is marked, as acquire.lua marks it; one reserved for
+-- another caller (see waiters.lua) is busy until that caller takes it. A caller that waits
 -- marks every key held by another, so that their releases are announced, and is counted as
 -- waiting for every key; once it has waited too long it reserves them (a release of all of them
 -- at once hands them over). Anything but a lock under one of the keys is left as it is.
@@ -19,7 +20,7 @@
 local n = #KEYS / 2
 local value, ttl, waiting = ARGV[1], ARGV[2], ARGV[3] == '1'
 local token = token_of(value)
-local stored, watched, busy = {}, {}, nil
+local stored, watched, others, busy, remaining = {}, {}, {}, nil, nil
 for i = 1, n do
   local ktype, v, foreign, followed = look_at(KEYS[i])
   if foreign then
@@ -29,10 +30,19 @@ for i = 1, n do
   -- A hash is a shared lock (readers, permits): busy.
   if ktype == 'hash' or (v and token_of(v) ~= token) then
     busy = busy or i
+  elseif ktype == 'none' and not busy then
+    -- A free key reserved for another caller of it alone waits for that caller (acquire.lua).
+    local reserved
+    others[i], reserved = others_waiting(KEYS[n + i], token, nil)
+    if reserved then
+      local clock = redis.call('TIME')
+      busy = i
+      remaining = reserved - (tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000))
+    end
   end
 end
 if busy then
-  local remaining = redis.call('PTTL', KEYS[busy])
+  remaining = remaining or redis.call('PTTL', KEYS[busy])
   if waiting then
     local clock = redis.call('TIME')
     local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -60,12 +70,16 @@ for i = 1, n do
     if after then taken = value .. '+' .. after end
     -- An attempt that came after its call's next one took the key changes nothing.
     if later_attempt(stored[i], value) then taken = nil end
-  elseif watched[i] or others_waiting(KEYS[n + i], token) then
+  elseif watched[i] or others[i] then
     -- A watched key, or one others are counted waiting for (some kept out by what bears no
     -- mark, see acquire.lua): its release is announced.
     taken = value .. '+'
   end
   if taken then redis.call('SET', KEYS[i], taken, 'PX', ttl) end
-  if waiting then served(KEYS[n + i], token, now) end
+  if waiting then
+    local moved = served(KEYS[n + i], token, now)
+    -- The next caller the key is reserved for: this holder's release hands it on.
+    if moved then mark(KEYS[i], redis.call('GET', KEYS[i]), moved) end
+  end
 end
 return {1}

@@ -53,6 +53,12 @@ redis.call('SET', key, next_value, 'PX', ARGV[3])
 -- The next holder waited: it is served (see values.lua), and a claim it made against new readers
 -- while readers held the key goes, as when it takes the key itself (else they would find the
 -- key busy once it is free, until the claim lapsed a lease later).
-served(KEYS[3], next_token, nil)
+local moved = served(KEYS[3], next_token, nil)
+if moved and not string.find(next_value, '+', 1, true) then
+  -- The next caller the key is reserved for (see waiters.lua): this holder's release hands it on.
+  redis.call('SET', key, next_value .. '+' .. moved, 'PX', ARGV[3])
+elseif moved and string.sub(next_value, -1) == '+' then
+  redis.call('SET', key, next_value .. moved, 'PX', ARGV[3])
+end
 redis.call('ZREM', KEYS[4], next_token)
 return 1

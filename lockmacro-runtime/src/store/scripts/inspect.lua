@@ -22,7 +22,7 @@ local waiting = 0
 local entries = redis.pcall('HGETALL', KEYS[3])
 if type(entries) == 'table' and not entries.err then
   for i = 1, #entries, 2 do
-    if entries[i] ~= 'served' and (tonumber(entries[i + 1]) or 0) > now then
+    if entries[i] ~= 'served' and not string.match(entries[i], '^reserved') and (tonumber(entries[i + 1]) or 0) > now then
       waiting = waiting + 1
     end
   end

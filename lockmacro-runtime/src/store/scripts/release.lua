@@ -6,7 +6,9 @@
 -- protocol.rs): a release nobody waits for or watches costs no PUBLISH, and finding out costs
 -- nothing but the second key of the MGET that reads the lock.
 -- KEYS[1] = lock key; KEYS[2] = the release channel, and the name of its watch mark (a key
--- here, so that a cluster refuses a channel outside the key's slot); ARGV[1] = our
+-- here, so that a cluster refuses a channel outside the key's slot); KEYS[3], for a shared
+-- lock's holder or an undone attempt only, = the callers waiting for the key (see
+-- release_shared.lua and below); ARGV[1] = our
 -- lease's value; ARGV[2] = 'sharded' for a cluster's sharded channel (announced by SPUBLISH), absent
 -- otherwise (PUBLISH): one argument fewer for Redis to read on every release of a single server.
 -- The message is the released value, which tells one release from the next; a key handed to
@@ -47,6 +49,31 @@ if #ARGV > 1 then
   end
 end
 
+-- An undone attempt of a waiting caller may have reserved the key (it arrived late, after its
+-- call left, say): a reservation written by that attempt (its very value) is taken off, among
+-- the key's waiters (KEYS[3]) and after its holder's mark, so that no caller that is gone keeps
+-- the key from the others. One its call made since carries a later value, and stays.
+if ARGV[4] == 'undo' and KEYS[3] then
+  local reservations = redis.call('HMGET', KEYS[3], 'reserved', 'reserved_next')
+  local function by_this(r)
+    return r and string.sub(r, -#token - 1) == '/' .. token
+  end
+  if by_this(reservations[2]) then
+    redis.call('HDEL', KEYS[3], 'reserved_next')
+  elseif by_this(reservations[1]) and reservations[2] then
+    redis.call('HSET', KEYS[3], 'reserved', reservations[2])
+    redis.call('HDEL', KEYS[3], 'reserved_next')
+  elseif by_this(reservations[1]) then
+    redis.call('HDEL', KEYS[3], 'reserved')
+  end
+  -- A shared lock (a hash) carries no reservation.
+  local stored = redis.pcall('GET', key)
+  local at = type(stored) == 'string' and string.find(stored, '+', 1, true)
+  if at and by_this(string.sub(stored, at + 1)) then
+    redis.call('SET', key, string.sub(stored, 1, at), 'KEEPTTL')
+  end
+end
+
 -- The lock's value (false for no key, or a shared lock's hash) and its watch mark.
 local found = redis.call('MGET', key, KEYS[2])
 local holder = found[1]
@@ -61,6 +88,12 @@ if holder then
   end
   if kept then
     redis.call('PEXPIRE', key, kept)
+    -- The key frees itself when the hold ends, unannounced: a caller of one key it is reserved
+    -- for is named, so that it looks now (and learns when) rather than at its own fallback.
+    if marked then
+      local _, keys, next_value = string.match(string.sub(holder, #token + 2), '^%d+/(%d+)/(%d+)/(.*)$')
+      if keys == '1' then message = '>' .. string.match(next_value, '^[^;]*') end
+    end
   else
     -- A caller of one key the lock is reserved for (a reservation after the mark) takes it now,
     -- marked:

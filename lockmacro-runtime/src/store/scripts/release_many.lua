@@ -49,7 +49,11 @@ for i = 1, n do
     local next = reserved[i]
     if kept then
       redis.call('PEXPIRE', KEYS[i], kept)
-      if listened then redis.call(publish, KEYS[n + i], '') end
+      -- The key frees itself when the hold ends, unannounced: a caller of it alone it is
+      -- reserved for is named, so that it looks now (and learns when), as in release.lua.
+      local named = ''
+      if next and next[2] == 1 then named = '>' .. string.match(next[3], '^[^;]*') end
+      if listened then redis.call(publish, KEYS[n + i], named) end
     elseif next and message ~= '' and (next[2] == 1 or reserved_all_here(next[3], next[2])) then
       -- Handed to the caller it is reserved for, marked; only it is told.
       redis.call('SET', KEYS[i], next[3] .. '+', 'PX', next[1])
