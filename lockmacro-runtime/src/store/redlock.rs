@@ -27,7 +27,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use futures_util::future::{join_all, select_all};
+use futures_util::future::{Either, join_all, select_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -249,13 +249,7 @@ impl RedlockStore {
                 .in_path(index)
                 .then(|| on_master(master.clone(), per_master));
             let answers = answers.clone();
-            async move {
-                let answer = match asked {
-                    Some(asked) => asked.await,
-                    None => Err(out_of_path()),
-                };
-                *lock(&answers[index]) = Some(answer);
-            }
+            answered(asked, move |answer| *lock(&answers[index]) = Some(answer))
         }));
         let mut all_answered = false;
         std::future::poll_fn(|cx| {
@@ -507,6 +501,25 @@ fn undone(attempt: &OwnedLease) -> LeaseRef<'_> {
         undone: true,
         ..attempt.as_ref()
     }
+}
+
+/// A master's part in a request to every master: its call's answer (`asked`; `None`, out of the
+/// path: not asked) given to `tell`. A combinator rather than an `async` block, which held the
+/// call twice (captured, then again while awaited): that doubled each master's future (2 056
+/// bytes on an acquire, 1 240 on a release), and `join_all` moves each one into its place and
+/// out again.
+fn answered<T, F>(
+    asked: Option<F>,
+    tell: impl FnOnce(Result<T, StoreError>),
+) -> impl Future<Output = ()>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    let answer = match asked {
+        Some(asked) => Either::Left(asked),
+        None => Either::Right(std::future::ready(Err(out_of_path()))),
+    };
+    answer.map(tell)
 }
 
 /// What a master out of the path answers, without being asked.
@@ -1037,13 +1050,7 @@ impl RedlockStore {
         let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
             let asked = self.in_path(index).then(|| call(master.clone()));
             let answers = answers.clone();
-            async move {
-                let answer = match asked {
-                    Some(asked) => asked.await,
-                    None => Err(out_of_path()),
-                };
-                lock(&answers).push(answer);
-            }
+            answered(asked, move |answer| lock(&answers).push(answer))
         }));
         let mut all_answered = false;
         std::future::poll_fn(|cx| {
