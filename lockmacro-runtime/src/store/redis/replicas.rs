@@ -91,7 +91,9 @@ pub(crate) struct Replication {
 /// slot its master serves (or the key's own slot, until its master is counted).
 #[derive(Default)]
 struct Shards {
-    known: HashMap<Option<u16>, Shard>,
+    /// Looked up at every acquire (acknowledgement is on by default): a few shards, searched
+    /// in order rather than hashed (SipHash of the slot cost more than the search).
+    known: BTreeMap<Option<u16>, Shard>,
     /// Cluster: the slot ranges of the masters counted, by first slot: their last slot and the
     /// shard they belong to.
     ranges: BTreeMap<u16, (u16, u16)>,
