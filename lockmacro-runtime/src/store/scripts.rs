@@ -62,19 +62,36 @@ pub(crate) const WATCH_LUA: &str = concat!(
     include_str!("scripts/watch.lua")
 );
 
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
-pub(crate) static HAND_OVER: LazyLock<Script> = LazyLock::new(|| Script::new(HAND_OVER_LUA));
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(&compact(ACQUIRE_LUA)));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(&compact(RELEASE_LUA)));
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(&compact(EXTEND_LUA)));
+pub(crate) static HAND_OVER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&compact(HAND_OVER_LUA)));
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(&compact(INSPECT_LUA)));
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
-pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_MANY_LUA));
-pub(crate) static RELEASE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_MANY_LUA));
-pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(LEAVE_LUA));
+    LazyLock::new(|| Script::new(&compact(FORCE_RELEASE_LUA)));
+pub(crate) static ACQUIRE_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&compact(ACQUIRE_MANY_LUA)));
+pub(crate) static RELEASE_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&compact(RELEASE_MANY_LUA)));
+pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(&compact(LEAVE_LUA)));
 pub(crate) static RELEASE_PLAIN: LazyLock<Script> =
-    LazyLock::new(|| Script::new(RELEASE_PLAIN_LUA));
-pub(crate) static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(WATCH_LUA));
+    LazyLock::new(|| Script::new(&compact(RELEASE_PLAIN_LUA)));
+pub(crate) static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(&compact(WATCH_LUA)));
+
+/// A script as it is sent: its comment lines left out. They are for readers, and Redis refuses
+/// a bulk argument over 16 KiB from a client not yet authenticated: the scripts are loaded with
+/// a connection's first requests, so a refused password must come back as one, not as a
+/// connection closed under a long `SCRIPT LOAD`.
+pub(crate) fn compact(source: &str) -> String {
+    let code = source
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"));
+    code.collect::<Vec<_>>().join("\n")
+}
+
+/// Every script as sent ([`compact`]), in the order of [`ALL`].
+pub(crate) static SENT: LazyLock<[String; 11]> = LazyLock::new(|| ALL.map(compact));
 
 /// Every script, for loading them up front on a new connection.
 pub(crate) const ALL: [&str; 11] = [
@@ -509,7 +526,7 @@ pub(crate) fn evalsha_force_release() -> redis::Cmd {
 /// crowd of first callers does not each meet `NOSCRIPT`.
 pub(crate) fn load_all() -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    for source in ALL {
+    for source in SENT.iter() {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
     }
     pipe
@@ -523,4 +540,24 @@ fn evalsha(script: &Script, keys: usize, more_args: usize, more_bytes: usize) ->
     let mut cmd = redis::Cmd::with_capacity(3 + more_args, 7 + 40 + 4 + more_bytes);
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redis refuses a bulk argument over 16 KiB from a client not yet authenticated
+    /// (`Protocol error: unauthenticated bulk length`) and closes the connection, and the
+    /// scripts are loaded with a connection's first requests.
+    #[test]
+    fn every_script_as_sent_fits_what_redis_reads_before_authentication() {
+        for source in SENT.iter() {
+            assert!(source.len() < 16 * 1024, "{} bytes", source.len());
+            assert!(
+                !source
+                    .lines()
+                    .any(|line| line.trim_start().starts_with("--"))
+            );
+        }
+    }
 }

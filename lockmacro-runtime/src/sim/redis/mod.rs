@@ -724,23 +724,24 @@ fn cmd_args(cmd: &::redis::Cmd) -> Args {
     Args::new(arguments(cmd).map(<[u8]>::to_vec).collect())
 }
 
-/// The scripts the Redis store sends, by name, as it sends them (helpers in front): what a
-/// differential test runs on a node and on a real server.
+/// The scripts the Redis store sends, by name, as it sends them (helpers in front, comment lines
+/// left out): what a differential test runs on a node and on a real server.
 pub fn store_scripts() -> [(&'static str, &'static str); 11] {
-    use crate::store::scripts::*;
-    [
-        ("acquire", ACQUIRE_LUA),
-        ("release", RELEASE_LUA),
-        ("extend", EXTEND_LUA),
-        ("hand_over", HAND_OVER_LUA),
-        ("inspect", INSPECT_LUA),
-        ("force_release", FORCE_RELEASE_LUA),
-        ("acquire_many", ACQUIRE_MANY_LUA),
-        ("release_many", RELEASE_MANY_LUA),
-        ("leave", LEAVE_LUA),
-        ("release_plain", RELEASE_PLAIN_LUA),
-        ("watch", WATCH_LUA),
-    ]
+    use crate::store::scripts::SENT;
+    let names = [
+        "acquire",
+        "release",
+        "extend",
+        "hand_over",
+        "inspect",
+        "force_release",
+        "acquire_many",
+        "release_many",
+        "leave",
+        "release_plain",
+        "watch",
+    ];
+    std::array::from_fn(|at| (names[at], SENT[at].as_str()))
 }
 
 /// 40 hex digits, as Redis's run and replication ids.

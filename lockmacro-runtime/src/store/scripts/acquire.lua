@@ -64,7 +64,7 @@ end
 -- waiters.lua): first, unless a caller still counted there that began waiting earlier did
 -- (values.lua's `before`); else next, on the same terms.
 local function reserve(reservation)
-  local found = redis.call('HMGET', KEYS[6], 'reserved', 'reserved_next')
+  local found = {reservations(KEYS[6])}
   local first, second = nil, nil
   if reserver_of(found[1]) ~= token then first = standing(found[1]) end
   if reserver_of(found[2]) ~= token then second = standing(found[2]) end

@@ -19,7 +19,7 @@ local key, token = KEYS[1], ARGV[1]
 local publish = ARGV[2] == 'sharded' and 'SPUBLISH' or 'PUBLISH'
 redis.call('HDEL', KEYS[3], token)
 -- Whether the free key stood reserved for it: the next caller it is reserved for moves up.
-local reservations = redis.call('HMGET', KEYS[3], 'reserved', 'reserved_next')
+local reservations = {redis.call('HGET', KEYS[3], 'reserved'), redis.call('HGET', KEYS[3], 'reserved_next')}
 local function reserver_of(r)
   return r and string.match(r, '^%d+/%d+/%d+/([^;]*)')
 end

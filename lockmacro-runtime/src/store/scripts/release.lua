@@ -54,7 +54,7 @@ end
 -- the key's waiters (KEYS[3]) and after its holder's mark, so that no caller that is gone keeps
 -- the key from the others. One its call made since carries a later value, and stays.
 if ARGV[4] == 'undo' and KEYS[3] then
-  local reservations = redis.call('HMGET', KEYS[3], 'reserved', 'reserved_next')
+  local reservations = {redis.call('HGET', KEYS[3], 'reserved'), redis.call('HGET', KEYS[3], 'reserved_next')}
   local function by_this(r)
     return r and string.sub(r, -#token - 1) == '/' .. token
   end
