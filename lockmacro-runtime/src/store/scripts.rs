@@ -53,7 +53,11 @@ pub(crate) const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 pub(crate) const FORCE_RELEASE_LUA: &str = include_str!("scripts/force_release.lua");
 pub(crate) const ACQUIRE_MANY_LUA: &str = with_waiters!("scripts/acquire_many.lua");
 pub(crate) const RELEASE_MANY_LUA: &str = include_str!("scripts/release_many.lua");
-pub(crate) const LEAVE_LUA: &str = include_str!("scripts/leave.lua");
+/// With the waiters' helpers: a waiter that leaves gives up its reservation as a served one does.
+pub(crate) const LEAVE_LUA: &str = concat!(
+    include_str!("scripts/waiters.lua"),
+    include_str!("scripts/leave.lua")
+);
 /// The uncontended release: a compare-and-delete that reads the lock alone.
 pub(crate) const RELEASE_PLAIN_LUA: &str = include_str!("scripts/release_plain.lua");
 /// A watch's mark on the lock it follows; what a key holds read as the acquire scripts read it.

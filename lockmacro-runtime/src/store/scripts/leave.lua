@@ -19,19 +19,9 @@ local key, token = KEYS[1], ARGV[1]
 local publish = ARGV[2] == 'sharded' and 'SPUBLISH' or 'PUBLISH'
 redis.call('HDEL', KEYS[3], token)
 -- Whether the free key stood reserved for it: the next caller it is reserved for moves up.
-local reservations = {redis.call('HGET', KEYS[3], 'reserved'), redis.call('HGET', KEYS[3], 'reserved_next')}
-local function reserver_of(r)
-  return r and string.match(r, '^%d+/%d+/%d+/([^;]*)')
-end
-local reserved = reserver_of(reservations[1]) == token
-if reserver_of(reservations[2]) == token then
-  redis.call('HDEL', KEYS[3], 'reserved_next')
-elseif reserved and reservations[2] then
-  redis.call('HSET', KEYS[3], 'reserved', reservations[2])
-  redis.call('HDEL', KEYS[3], 'reserved_next')
-elseif reserved then
-  redis.call('HDEL', KEYS[3], 'reserved')
-end
+local first, next = reservations(KEYS[3])
+local reserved = reserver_of(first) == token
+unreserve(KEYS[3], token, first, next)
 if redis.call('HLEN', KEYS[3]) <= 1 then redis.call('PEXPIRE', KEYS[3], 1000) end
 redis.call('ZREM', KEYS[4], token)
 -- Whether it headed the queue (its place lapsed or not, as acquire.lua's queue_head finds it)
