@@ -72,9 +72,10 @@ struct KeyWaiters {
     parked: std::sync::atomic::AtomicUsize,
     /// Parked callers that waited too long and reserve the key at each look.
     reserving: std::sync::atomic::AtomicUsize,
-    /// Parked callers, by token, that a release may hand the key to (they reserved it): woken
-    /// alone when an announcement names them.
-    reservations: Mutex<Map<String, Arc<Notify>>>,
+    /// Parked callers, by token, that a release may hand the key to (they reserved it), each
+    /// with when it began waiting (ms since the Unix epoch, on this client's wall clock): woken
+    /// alone when an announcement names them, and first after any other release.
+    reservations: Mutex<Map<String, (u64, Arc<Notify>)>>,
     /// The next offer's id ([`Ticket::offer`]).
     offers: std::sync::atomic::AtomicU64,
     /// The value of this client's last release of the key: its waiters were woken already, so
@@ -491,12 +492,13 @@ impl Ticket<'_> {
         }
     }
 
-    /// The reservation of the key for `token` (the caller's look reserved it), heard here: the
-    /// returned value is woken when an announcement says the key was handed to it (a wake-up that comes before it is awaited is kept),
-    /// until it drops.
-    pub(crate) fn reservation(&self, token: &str) -> Reservation {
+    /// The reservation of the key for `token` (the caller's look reserved it), which began
+    /// waiting at `since_ms`, heard here: the returned value is woken when an announcement says
+    /// the key was handed to it, or when a release wakes this client's waiters (a wake-up that
+    /// comes before it is awaited is kept), until it drops.
+    pub(crate) fn reservation(&self, token: &str, since_ms: u64) -> Reservation {
         let handed = Arc::new(Notify::new());
-        lock(&self.waiters.reservations).insert(token.to_owned(), handed.clone());
+        lock(&self.waiters.reservations).insert(token.to_owned(), (since_ms, handed.clone()));
         Reservation {
             waiters: self.waiters.clone(),
             token: token.to_owned(),
@@ -618,7 +620,7 @@ impl KeyWaiters {
             // ours went unrecorded, and those that waited too long look again to reserve it in
             // turn, those parked at once and those looking right now as soon as their look is
             // answered (the count of releases heard moved).
-            if let Some(handed) = lock(&self.reservations).get(token) {
+            if let Some((_, handed)) = lock(&self.reservations).get(token) {
                 handed.notify_one();
                 return;
             }
@@ -649,14 +651,22 @@ impl KeyWaiters {
     }
 
     /// After a release: one waiter looks (FIFO within the client), or every waiter when some
-    /// must all look; a permit is kept for a waiter between two looks.
+    /// must all look; a permit is kept for a waiter between two looks. The one is the caller
+    /// that began waiting first among those that reserved the key, if any: the key, free, may
+    /// stand reserved for it, and a waiter woken in its place would be refused while it slept
+    /// out its fallback (the parking order alone is not the arrival order: a caller parks again
+    /// after each look).
     fn wake(&self) {
         self.releases
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if self.everyone.load(std::sync::atomic::Ordering::Acquire) > 0 {
             self.released.notify_waiters();
         }
-        self.released.notify_one();
+        let reservations = lock(&self.reservations);
+        match reservations.values().min_by_key(|(since_ms, _)| *since_ms) {
+            Some((_, first)) => first.notify_one(),
+            None => self.released.notify_one(),
+        }
     }
 }
 

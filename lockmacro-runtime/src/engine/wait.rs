@@ -362,7 +362,7 @@ impl<'e> Waiter<'e> {
                 .is_some_and(|reservation| !reservation.is_for(&self.token))
             {
                 // The token changed (a hand-over that got no answer): expect the new one.
-                self.reservation = Some(ticket.reservation(&self.token));
+                self.reservation = Some(ticket.reservation(&self.token, self.since.wall_millis));
             }
         }
     }
@@ -383,7 +383,7 @@ impl<'e> Waiter<'e> {
             && self.reservation.is_none()
         {
             tracing::debug!(key = %ticket.key(), token_hint = %hint(&self.token), "waited past the starvation bound; reserving the lock");
-            self.reservation = Some(ticket.reservation(&self.token));
+            self.reservation = Some(ticket.reservation(&self.token, self.since.wall_millis));
         }
         looking
     }
