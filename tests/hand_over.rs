@@ -330,10 +330,11 @@ async fn without_pubsub_in_the_acl_a_release_still_hands_the_lock_over() {
 /// A key that frees itself without a release (its readers' hold ran out) cannot hand itself
 /// over: the writer that waited past the starvation bound keeps its reservation among the key's
 /// waiters, so the free key waits for it rather than going to whoever looks first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn a_key_its_readers_held_goes_to_the_writer_that_reserved_it() {
     use std::sync::Mutex;
     let server = RedisServer::start();
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
     let (reader, reserving, late) = (
         fast_client(&server).await,
         fast_client(&server).await,
@@ -357,8 +358,14 @@ async fn a_key_its_readers_held_goes_to_the_writer_that_reserved_it() {
         }
     };
     let first = tokio::spawn(writer(reserving.clone(), "reserved"));
-    // Well past the starvation bound: its look since has reserved the key.
-    tokio::time::sleep(protocol::RESERVE_AFTER * 10).await;
+    // Past the starvation bound, its look reserves the key.
+    log.seen(RESERVING).await;
+    eventually(
+        Duration::from_secs(5),
+        "the reserving writer parked",
+        || async { reserving.waiting(key) == 1 },
+    )
+    .await;
     let second = tokio::spawn(writer(late.clone(), "late"));
     first.await.unwrap();
     second.await.unwrap();
