@@ -42,6 +42,9 @@ pub struct Row {
     pub overlaps_fenced: usize,
     /// The longest such overlap, in ms.
     pub longest_overlap_ms: f64,
+    /// That overlap's pair of holders (key, worker, call, fencing token, body, outcome), to
+    /// trace a breach.
+    pub longest_overlap_where: Option<String>,
     /// Fenced writes the storage accepted from a holder whose token another holder had already
     /// used or passed.
     pub stale_accepted: usize,
@@ -126,7 +129,7 @@ impl Campaign<'_> {
                 _ => row.failed_fail_fast += 1,
             }
         }
-        for (at, fenced, length) in self.overlaps() {
+        for (at, fenced, length, pair) in self.overlaps() {
             if let Some(index) = row_of(&rows, at) {
                 let row = &mut rows[index].1;
                 if fenced {
@@ -134,7 +137,10 @@ impl Campaign<'_> {
                 } else {
                     row.overlaps_unfenced += 1;
                 }
-                row.longest_overlap_ms = row.longest_overlap_ms.max(ms(length));
+                if row.longest_overlap_where.is_none() || ms(length) > row.longest_overlap_ms {
+                    row.longest_overlap_ms = ms(length);
+                    row.longest_overlap_where = Some(pair);
+                }
             }
         }
         for at in self.lost_unfenced() {
@@ -213,7 +219,7 @@ impl Campaign<'_> {
 
     /// Every pair of bodies on one key that ran at the same time: when the later began, whether
     /// the key is fenced, and how long they overlapped.
-    fn overlaps(&self) -> Vec<(u64, bool, u64)> {
+    fn overlaps(&self) -> Vec<(u64, bool, u64, String)> {
         let mut found = Vec::new();
         for calls in self.holders().values() {
             let fenced = calls.iter().any(|call| call.fence.is_some());
@@ -228,6 +234,7 @@ impl Campaign<'_> {
                         later_start,
                         fenced,
                         earlier_stop.min(later_stop) - later_start,
+                        format!("{} and {}", holder(earlier), holder(later)),
                     ));
                 }
             }
@@ -406,11 +413,19 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
     let mut found: Vec<Broken> = figures
         .into_iter()
         .filter(|(_, count)| *count > 0)
-        .map(|(what, count)| Broken {
-            deployment,
-            fault,
-            what: format!("{what}: {count}"),
-            known: known_defect(deployment, fault, what),
+        .map(|(what, count)| {
+            let pair = match (what.starts_with("overlapping"), &row.longest_overlap_where) {
+                (true, Some(pair)) => {
+                    format!(" (the longest, {:.0} ms: {pair})", row.longest_overlap_ms)
+                }
+                _ => String::new(),
+            };
+            Broken {
+                deployment,
+                fault,
+                what: format!("{what}: {count}{pair}"),
+                known: known_defect(deployment, fault, what),
+            }
         })
         .collect();
     if promise.rides_out && row.failed_waiting > 0 {
@@ -447,6 +462,19 @@ pub fn broken(deployment: Deployment, fault: Fault, row: &Row) -> Vec<Broken> {
         });
     }
     found
+}
+
+/// One holder of an overlapping pair, as the history names it: worker, call, fencing token,
+/// body (ns on the campaign's clock) and outcome.
+fn holder(call: &Call) -> String {
+    let fence = call
+        .fence
+        .map_or_else(|| "unfenced".to_owned(), |f| format!("fence {f}"));
+    let (start, stop) = call.body.unwrap_or_default();
+    format!(
+        "{} worker {} call {} ({fence}, body {start}..{stop}, {:?})",
+        call.key, call.worker, call.seq, call.outcome
+    )
 }
 
 /// The header of the table [`table_row`] fills.
@@ -574,7 +602,16 @@ mod tests {
         assert_eq!(row.lost_unfenced, 1);
         assert_eq!(row.stale_accepted, 1, "two holders shared token 7");
         assert_eq!(row.lost_fenced, 0);
-        assert_eq!(broken(Deployment::Single, Fault::None, row).len(), 3);
+        let broken = broken(Deployment::Single, Fault::None, row);
+        assert_eq!(broken.len(), 3);
+        assert!(
+            broken[0].what.contains(
+                "safety:u0 worker 1 call 1 (unfenced, body 100..200, Applied) and \
+                 safety:u0 worker 2 call 1 (unfenced, body 150..250, Applied)"
+            ),
+            "the pair is named: {}",
+            broken[0].what
+        );
     }
 
     #[test]
