@@ -3,7 +3,8 @@
 //! calls whose options are drawn per call (exclusive, read or permits, fencing, fair, wait or
 //! not, key lists, `hold_at_least`, `max_renewals`), on one thread in paused time, while the
 //! network loses replies, delays and loses announcements, closes subscriptions and cuts clients
-//! off, until its faults heal.
+//! off, until its faults heal; in one seed of four a client is shut down meanwhile (its work
+//! cancelled, its waiters ended, its leases released).
 //!
 //! Every draw of a scenario comes from a stream of its own (the world's, a client's, a call's:
 //! `__sim::stream`), so removing one call changes no other call's draws. Each seed runs twice:
@@ -53,6 +54,13 @@ const SIMULATED_LIMIT: Duration = Duration::from_secs(60);
 const WORLD: u64 = 1;
 const CLIENT: u64 = 2;
 const CALL: u64 = 3;
+const SHUTDOWN: u64 = 5;
+
+/// One seed in this many shuts one of its clients down ([`LockClient::shutdown`]) at a time
+/// drawn up to [`SHUTDOWN_BY`]: its work is cancelled, its waiting calls end `ShutDown`, its
+/// leases are released, and its later calls end `ShutDown` at once.
+const SHUTDOWN_ONE_IN: u64 = 4;
+const SHUTDOWN_BY: Duration = Duration::from_secs(4);
 
 /// Who may share a key with whom: each key has one shared kind beside exclusive locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +156,8 @@ struct Scenario {
     /// liveness checks do.
     busy_from: usize,
     busy: Busy,
+    /// The client shut down, and when (one not in a busy group).
+    shutdown: Option<(usize, Duration)>,
 }
 
 impl Scenario {
@@ -157,7 +167,7 @@ impl Scenario {
             true => Kind::Read,
             false => Kind::Permits(world.between(1, 3) as u32),
         });
-        let clients = (0..world.between(2, 4))
+        let clients: Vec<_> = (0..world.between(2, 4))
             .map(|client| {
                 let mut stream = Stream::of(seed, &[CLIENT, client]);
                 let skew = stream.between(0, 2 * MAX_SKEW_MS) as i64 - MAX_SKEW_MS as i64;
@@ -175,11 +185,17 @@ impl Scenario {
                 (skew, tasks)
             })
             .collect();
+        let mut shutdown = Stream::of(seed, &[SHUTDOWN]);
+        let shutdown = (shutdown.below(SHUTDOWN_ONE_IN) == 0).then(|| {
+            let client = shutdown.below(clients.len() as u64) as usize;
+            (client, shutdown.millis(0, SHUTDOWN_BY.as_millis() as u64))
+        });
         let mut scenario = Self {
             shared,
             busy_from: 0,
             clients,
             busy: Busy::default(),
+            shutdown,
         };
         BusyGroup::add(seed, &mut scenario);
         scenario
@@ -425,6 +441,7 @@ impl Trace {
         for event in &self.events {
             if let What::Ended(Outcome::Error(error)) = &event.what
                 && error != "RenewalsExhausted"
+                && error != "ShutDown"
                 && self.started_at(event.call) >= live_from
             {
                 return Err(format!(
@@ -645,6 +662,8 @@ impl Tier {
     /// reaching one fails rather than quietly testing less.
     fn required_coverage(self) -> Vec<&'static str> {
         const EDGES: &[&str] = &[
+            "a client shut down while a call of it waited",
+            "a client shut down while holding a lock",
             "a latency near the end of a lease",
             "a latency near the response timeout",
             "a latency near the starvation bound",
@@ -716,6 +735,21 @@ fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
                 }
                 _ => unreachable!("a world has a store"),
             };
+            if let Some((_, at)) = scenario.shutdown.filter(|(shut, _)| *shut == client) {
+                let locks = locks.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep(at).await;
+                    if locks.held_leases() > 0 {
+                        __sim::sometimes("a client shut down while holding a lock");
+                    }
+                    if (0..KEYS).any(|key| locks.waiting(&format!("k{key}")) > 0) {
+                        __sim::sometimes("a client shut down while a call of it waited");
+                    }
+                    // Releases not confirmed in time are retried in the background: the
+                    // checker sees what they leave.
+                    let _ = locks.shutdown().await;
+                }));
+            }
             let begins = match client >= scenario.busy_from {
                 true => network.healed_after() + GRACE,
                 false => Duration::ZERO,
@@ -793,7 +827,10 @@ fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
                     redis.describe(),
                     scenario.shared
                 ),
-            },
+            } + &scenario
+                .shutdown
+                .map(|(client, at)| format!("; client p{client} shut down at {at:?}"))
+                .unwrap_or_default(),
             healed_at_us: network.healed_after().as_micros() as u64,
             acknowledgement_allowance_us: redis.as_ref().map_or(0, |redis| {
                 redis.acknowledgement_allowance().as_micros() as u64
