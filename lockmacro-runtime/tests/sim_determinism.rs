@@ -4,7 +4,8 @@
 //! not, key lists, `hold_at_least`, `max_renewals`), on one thread in paused time, while the
 //! network loses replies, delays and loses announcements, closes subscriptions and cuts clients
 //! off, until its faults heal; in one seed of four a client is shut down meanwhile (its work
-//! cancelled, its waiters ended, its leases released).
+//! cancelled, its waiters ended, its leases released), and in one of four an operator forces
+//! keys free under their holders.
 //!
 //! Every draw of a scenario comes from a stream of its own (the world's, a client's, a call's:
 //! `__sim::stream`), so removing one call changes no other call's draws. Each seed runs twice:
@@ -55,12 +56,18 @@ const WORLD: u64 = 1;
 const CLIENT: u64 = 2;
 const CALL: u64 = 3;
 const SHUTDOWN: u64 = 5;
+const FORCED: u64 = 6;
 
 /// One seed in this many shuts one of its clients down ([`LockClient::shutdown`]) at a time
 /// drawn up to [`SHUTDOWN_BY`]: its work is cancelled, its waiting calls end `ShutDown`, its
 /// leases are released, and its later calls end `ShutDown` at once.
 const SHUTDOWN_ONE_IN: u64 = 4;
 const SHUTDOWN_BY: Duration = Duration::from_secs(4);
+
+/// One seed in this many has an operator force one to three releases
+/// ([`LockClient::force_release`]) of keys drawn, at times drawn up to [`SHUTDOWN_BY`]: a holder
+/// removed runs on until it hears of it, and the checker lets the next holder meet it.
+const FORCED_ONE_IN: u64 = 4;
 
 /// Who may share a key with whom: each key has one shared kind beside exclusive locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +165,8 @@ struct Scenario {
     busy: Busy,
     /// The client shut down, and when (one not in a busy group).
     shutdown: Option<(usize, Duration)>,
+    /// The keys an operator forces free, and when, in time order.
+    forced: Vec<(Duration, usize)>,
 }
 
 impl Scenario {
@@ -190,16 +199,37 @@ impl Scenario {
             let client = shutdown.below(clients.len() as u64) as usize;
             (client, shutdown.millis(0, SHUTDOWN_BY.as_millis() as u64))
         });
+        let mut stream = Stream::of(seed, &[FORCED]);
+        let mut forced: Vec<(Duration, usize)> = match stream.below(FORCED_ONE_IN) {
+            0 => (0..stream.between(1, 3))
+                .map(|_| {
+                    let at = stream.millis(0, SHUTDOWN_BY.as_millis() as u64);
+                    (at, stream.below(KEYS as u64) as usize)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        forced.sort();
         let mut scenario = Self {
             shared,
             busy_from: 0,
             clients,
             busy: Busy::default(),
             shutdown,
+            forced,
         };
         BusyGroup::add(seed, &mut scenario);
         scenario
     }
+}
+
+/// An operator's forced release of a key: it may have run at any time from its send until its
+/// answer (µs since the world began).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Forced {
+    sent_us: u64,
+    done_us: u64,
+    key: usize,
 }
 
 /// One thing a call saw, at a simulated time (µs since the world began).
@@ -243,12 +273,25 @@ struct Trace {
     /// How much longer a grant may take for its replicas' acknowledgement (tier two).
     acknowledgement_allowance_us: u64,
     events: Vec<Event>,
+    /// The operator's forced releases.
+    forced: Vec<Forced>,
     busy: Busy,
 }
 
 impl fmt::Display for Trace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{}", self.network)?;
+        for forced in &self.forced {
+            let Forced {
+                sent_us,
+                done_us,
+                key,
+            } = forced;
+            writeln!(
+                f,
+                "{sent_us:>9} p0 operator forced k{key} free, done by {done_us}"
+            )?;
+        }
         for event in &self.events {
             let call = &self.calls[event.call];
             write!(f, "{:>9} {} ", event.at_us, call.name)?;
@@ -310,16 +353,28 @@ impl Trace {
     /// Holders of each key never meet unless their kinds share it: an exclusive lock alone, no
     /// writer with readers, at most N permits. A body counts from its start to its end, and on
     /// to the end of its `hold_at_least` when its call succeeded and left after the faults
-    /// healed (a release the network lost or delayed cannot keep the key).
+    /// healed (a release the network lost or delayed cannot keep the key). An operator's forced
+    /// release ends every hold of its key from its send: the holders run on until they hear.
     fn exclusion(&self) -> Result<(), String> {
         let mut holders: Vec<Vec<(usize, Option<u64>)>> = vec![Vec::new(); KEYS];
         let mut entered: HashMap<usize, &Event> = HashMap::new();
+        let mut forced = self.forced.iter().peekable();
+        let mut forced_out: HashSet<(usize, usize)> = HashSet::new();
         for event in &self.events {
+            while let Some(Forced { key, .. }) = forced.next_if(|f| f.sent_us <= event.at_us) {
+                forced_out.extend(holders[*key].drain(..).map(|(holder, _)| (holder, *key)));
+            }
+            if let What::Entered { .. } = event.what {
+                for f in self.forced.iter().filter(|f| self.granted_before(event, f)) {
+                    forced_out.insert((event.call, f.key));
+                }
+            }
             let call = &self.calls[event.call];
             for &key in &call.keys {
                 let held = &mut holders[key];
                 held.retain(|(_, kept)| kept.is_none_or(|until| until > event.at_us));
                 match &event.what {
+                    What::Entered { .. } if forced_out.contains(&(event.call, key)) => {}
                     What::Entered { .. } => {
                         let fits = held.iter().all(|(other, _)| {
                             match (self.calls[*other].kind, call.kind) {
@@ -342,6 +397,7 @@ impl Trace {
                         held.push((event.call, None));
                         entered.insert(event.call, event);
                     }
+                    What::Left if forced_out.contains(&(event.call, key)) => {}
                     What::Left => {
                         let kept = self.kept_until(event, true);
                         match kept.filter(|until| *until > event.at_us) {
@@ -408,6 +464,9 @@ impl Trace {
             };
             let call = &self.calls[event.call];
             let key = call.keys[0];
+            if self.forced.iter().any(|f| self.granted_before(event, f)) {
+                continue;
+            }
             let floor = match call.kind {
                 Kind::Exclusive => highest[key],
                 _ => highest_exclusive[key],
@@ -442,6 +501,7 @@ impl Trace {
             if let What::Ended(Outcome::Error(error)) = &event.what
                 && error != "RenewalsExhausted"
                 && error != "ShutDown"
+                && !(error == "Lost" && self.forced_during(event.call, event.at_us))
                 && self.started_at(event.call) >= live_from
             {
                 return Err(format!(
@@ -451,6 +511,27 @@ impl Trace {
             }
         }
         Ok(())
+    }
+
+    /// Whether the grant `entered` shows may have come before the forced release `forced` ran
+    /// on one of its keys: sent (its lease counts from the send) before that release answered,
+    /// and entered after it was sent. Such a holder may hold nothing, its token may be stale.
+    fn granted_before(&self, entered: &Event, forced: &Forced) -> bool {
+        let What::Entered { time_left_us, .. } = entered.what else {
+            return false;
+        };
+        let call = &self.calls[entered.call];
+        let validity = call.ttl - call.ttl / 100 - Duration::from_millis(2);
+        let sent = (entered.at_us + time_left_us).saturating_sub(validity.as_micros() as u64);
+        call.keys.contains(&forced.key) && forced.sent_us <= entered.at_us && sent <= forced.done_us
+    }
+
+    /// Whether an operator forced a key of `call` free between its start and `until`.
+    fn forced_during(&self, call: usize, until: u64) -> bool {
+        let (started, keys) = (self.started_at(call), &self.calls[call].keys);
+        self.forced
+            .iter()
+            .any(|f| f.sent_us <= until && f.done_us >= started && keys.contains(&f.key))
     }
 
     fn started_at(&self, call: usize) -> u64 {
@@ -615,6 +696,8 @@ impl Trace {
 struct Recorder {
     start: Instant,
     events: Arc<Mutex<Vec<Event>>>,
+    /// The operator's forced releases ([`Forced`]).
+    forced: Arc<Mutex<Vec<Forced>>>,
 }
 
 impl Recorder {
@@ -664,6 +747,7 @@ impl Tier {
         const EDGES: &[&str] = &[
             "a client shut down while a call of it waited",
             "a client shut down while holding a lock",
+            "a forced release removed a holder",
             "a latency near the end of a lease",
             "a latency near the response timeout",
             "a latency near the starvation bound",
@@ -722,6 +806,7 @@ fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
         let recorder = Recorder {
             start: Instant::now(),
             events: Arc::default(),
+            forced: Arc::default(),
         };
         let mut tasks = Vec::new();
         let mut index = 0;
@@ -735,6 +820,32 @@ fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
                 }
                 _ => unreachable!("a world has a store"),
             };
+            if client == 0 && !scenario.forced.is_empty() {
+                // The operator, beside client 0's callers.
+                let (locks, recorder) = (locks.clone(), recorder.clone());
+                let forced = scenario.forced.clone();
+                tasks.push(tokio::spawn(async move {
+                    for (at, key) in forced {
+                        tokio::time::sleep_until(recorder.start + at).await;
+                        let sent_us = recorder.start.elapsed().as_micros() as u64;
+                        let forced = locks.force_release(&format!("k{key}")).await;
+                        if let Ok(true) = forced {
+                            __sim::sometimes("a forced release removed a holder");
+                        }
+                        // Without an answer, the request may still run a while later.
+                        let mut done_us = recorder.start.elapsed().as_micros() as u64;
+                        if forced.is_err() {
+                            done_us += GRACE.as_micros() as u64;
+                        }
+                        let forced = Forced {
+                            sent_us,
+                            done_us,
+                            key,
+                        };
+                        recorder.forced.lock().expect("not poisoned").push(forced);
+                    }
+                }));
+            }
             if let Some((_, at)) = scenario.shutdown.filter(|(shut, _)| *shut == client) {
                 let locks = locks.clone();
                 tasks.push(tokio::spawn(async move {
@@ -818,7 +929,9 @@ fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
         .await
         .unwrap_or_else(|_| Err(format!("still running after {SIMULATED_LIMIT:?}")));
         let events = recorder.events.lock().expect("not poisoned").clone();
+        let forced = recorder.forced.lock().expect("not poisoned").clone();
         ended.map(|()| Trace {
+            forced,
             calls: calls.clone(),
             network: match &redis {
                 None => format!("{network:?}; keys shared as {:?}", scenario.shared),
@@ -1225,6 +1338,7 @@ fn made_up(calls: &[(Kind, Vec<usize>)], events: &[(usize, u64, What)]) -> Trace
         healed_at_us: 0,
         acknowledgement_allowance_us: 0,
         events,
+        forced: Vec::new(),
         busy: Busy::default(),
     }
 }
@@ -1314,4 +1428,31 @@ fn the_checker_finds_a_waiter_asleep_on_a_free_key() {
     assert!(error.contains("c1 waited on key k0 free"), "{error}");
     asleep.events[3].at_us = 3_020_000;
     assert_eq!(asleep.liveness(), Ok(()));
+}
+
+/// An operator's forced release ends every hold of its key: the next holder may meet the one it
+/// removed, which runs on until it hears.
+#[test]
+fn the_checker_lets_a_forced_release_end_a_hold() {
+    let fresh = What::Entered {
+        token: "t".to_owned(),
+        fencing: None,
+        time_left_us: 990_000,
+    };
+    let calls = [(Kind::Exclusive, vec![0]), (Kind::Exclusive, vec![0])];
+    let events = [
+        (0, 1_000, entered(None)),
+        (1, 3_000, fresh),
+        (0, 4_000, What::Left),
+    ];
+    let mut forced = made_up(&calls, &events);
+    assert!(forced.exclusion().is_err(), "no forced release yet");
+    forced.forced.push(Forced {
+        sent_us: 1_500_000,
+        done_us: 2_000_000,
+        key: 0,
+    });
+    assert_eq!(forced.exclusion(), Ok(()));
+    forced.forced[0].key = 1;
+    assert!(forced.exclusion().is_err(), "another key forced");
 }
