@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockmacro_runtime::{LockClient, LockError, LockOptions};
+use lockmacro_runtime::{LockClient, LockError, LockOptions, LostReason};
 use testkit::{Fault, FaultProxy, RedisCluster, RedisSentinel, RedisServer};
 use tokio::time::Instant;
 
@@ -105,8 +105,17 @@ async fn counter_run_on(
                                 tally.busy += 1;
                                 true
                             }
+                            // A wait that ran out in the fault: on an error, or on a grant
+                            // confirmed past its lease's deadline (its work never started).
                             (
-                                Err(error @ (LockError::Redis { .. } | LockError::NoQuorum { .. })),
+                                Err(
+                                    error @ (LockError::Redis { .. }
+                                    | LockError::NoQuorum { .. }
+                                    | LockError::Lost {
+                                        reason: LostReason::Unconfirmed,
+                                        ..
+                                    }),
+                                ),
                                 _,
                             ) => {
                                 tally.failed.push(error.to_string());
