@@ -438,15 +438,22 @@ impl Trace {
         if !released || (promised && left.at_us < self.live_from()) {
             return None;
         }
-        let (entered_at, time_left_us) = self.events.iter().find_map(|event| match event.what {
-            What::Entered { time_left_us, .. } if event.call == left.call => {
-                Some((event.at_us, time_left_us))
-            }
-            _ => None,
-        })?;
+        let entered = self
+            .events
+            .iter()
+            .find(|event| event.call == left.call && matches!(event.what, What::Entered { .. }))?;
+        Some(self.taken_at(entered)? + hold.as_micros() as u64 - 1_000)
+    }
+
+    /// When the lease that `entered` shows was sent for (µs): its local deadline less its
+    /// validity (ttl less the drift margin, ttl / 100 + 2 ms).
+    fn taken_at(&self, entered: &Event) -> Option<u64> {
+        let What::Entered { time_left_us, .. } = entered.what else {
+            return None;
+        };
+        let call = &self.calls[entered.call];
         let validity = call.ttl - call.ttl / 100 - Duration::from_millis(2);
-        let taken_at = (entered_at + time_left_us).checked_sub(validity.as_micros() as u64)?;
-        Some(taken_at + hold.as_micros() as u64 - 1_000)
+        (entered.at_us + time_left_us).checked_sub(validity.as_micros() as u64)
     }
 
     /// Fencing tokens grow per key: an exclusive holder's above every token given before it
@@ -517,13 +524,13 @@ impl Trace {
     /// on one of its keys: sent (its lease counts from the send) before that release answered,
     /// and entered after it was sent. Such a holder may hold nothing, its token may be stale.
     fn granted_before(&self, entered: &Event, forced: &Forced) -> bool {
-        let What::Entered { time_left_us, .. } = entered.what else {
+        if !matches!(entered.what, What::Entered { .. }) {
             return false;
-        };
-        let call = &self.calls[entered.call];
-        let validity = call.ttl - call.ttl / 100 - Duration::from_millis(2);
-        let sent = (entered.at_us + time_left_us).saturating_sub(validity.as_micros() as u64);
-        call.keys.contains(&forced.key) && forced.sent_us <= entered.at_us && sent <= forced.done_us
+        }
+        // A lease sent before the world began rounds to its start.
+        let sent = self.taken_at(entered).unwrap_or(0);
+        let keys = &self.calls[entered.call].keys;
+        keys.contains(&forced.key) && forced.sent_us <= entered.at_us && sent <= forced.done_us
     }
 
     /// Whether an operator forced a key of `call` free between its start and `until`.
