@@ -223,6 +223,89 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// The names of its calls (`p<client>.t<task>.c<call>`) and incidents (`shutdown`,
+    /// `forced.<n>`): what a shrunk case keeps or drops.
+    fn parts(&self) -> Vec<String> {
+        let calls = self
+            .clients
+            .iter()
+            .flat_map(|(_, tasks)| tasks.iter().flatten());
+        let calls = calls.map(|call| call.name.clone());
+        let shutdown = self.shutdown.map(|_| "shutdown".to_owned());
+        let forced = (0..self.forced.len()).map(|n| format!("forced.{n}"));
+        calls.chain(shutdown).chain(forced).collect()
+    }
+
+    /// Drops the incidents `only` does not keep. Its calls stay in the plan, so that every
+    /// call keeps its index; the world skips the ones dropped.
+    fn keep(&mut self, only: &Only) {
+        self.shutdown = self.shutdown.filter(|_| only.keeps("shutdown"));
+        let forced = std::mem::take(&mut self.forced).into_iter().enumerate();
+        self.forced = forced
+            .filter(|(n, _)| only.keeps(&format!("forced.{n}")))
+            .map(|(_, forced)| forced)
+            .collect();
+    }
+}
+
+/// Which parts of a scenario ([`Scenario::parts`]) a world runs: all of them, or those a shrunk
+/// case names (`SIM_ONLY`, e.g. `p0.t1.c2,p3.t0.c0,shutdown`). A part's draws come from its own
+/// stream, so the parts kept draw what they drew in the whole world, and each kept call starts
+/// when it started there (or once its task's call before it ended), so that dropping the calls
+/// before it in its task does not move it. The network's faults are the world's and stay,
+/// though which request meets which fault may change.
+#[derive(Debug, Clone, Default)]
+struct Only {
+    /// The parts kept; `None`: all.
+    parts: Option<Arc<HashSet<String>>>,
+    /// When each call started in the whole world (µs since it began, by index).
+    starts: Arc<Vec<u64>>,
+}
+
+impl Only {
+    /// Keeps `parts`, each call started as in `whole`, the whole world's trace (if it ended).
+    fn of(parts: &[String], whole: Option<&Trace>) -> Self {
+        let starts = whole.map_or_else(Vec::new, |whole| {
+            (0..whole.calls.len())
+                .map(|call| whole.started_at(call))
+                .collect()
+        });
+        Self {
+            parts: Some(Arc::new(parts.iter().cloned().collect())),
+            starts: Arc::new(starts),
+        }
+    }
+
+    /// The `parts` named (`p0.t1.c2,shutdown`) of `seed`'s world on `tier`; none named: all.
+    fn parse(seed: u64, tier: Tier, parts: &str) -> Result<Self, String> {
+        if parts.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let parts: Vec<String> = parts
+            .split(',')
+            .map(|part| part.trim().to_owned())
+            .collect();
+        let known = Scenario::draw(seed).parts();
+        if let Some(unknown) = parts.iter().find(|part| !known.contains(part)) {
+            return Err(format!("it has no part {unknown}"));
+        }
+        let whole = world(seed, tier, &Self::default()).ok();
+        __sim::take_coverage();
+        Ok(Self::of(&parts, whole.as_ref()))
+    }
+
+    fn keeps(&self, part: &str) -> bool {
+        self.parts.as_ref().is_none_or(|parts| parts.contains(part))
+    }
+
+    /// When a kept call starts, when the whole world's start is known.
+    fn start_of(&self, call: usize) -> Option<Duration> {
+        let start = *self.starts.get(call)?;
+        (start != u64::MAX).then(|| Duration::from_micros(start))
+    }
+}
+
 /// An operator's forced release of a key: it may have run at any time from its send until its
 /// answer (µs since the world began).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,10 +412,21 @@ impl Trace {
 
     /// Every check, first failure first.
     fn check(&self) -> Result<(), String> {
-        self.exclusion()?;
-        self.fencing()?;
-        self.liveness()?;
-        self.outsiders_served()
+        self.failed().map_or(Ok(()), |(_, why)| Err(why))
+    }
+
+    /// The first check that fails, by name, and why.
+    fn failed(&self) -> Option<(&'static str, String)> {
+        type Check = fn(&Trace) -> Result<(), String>;
+        const CHECKS: [(&str, Check); 4] = [
+            ("exclusion", Trace::exclusion),
+            ("fencing", Trace::fencing),
+            ("liveness", Trace::liveness),
+            ("outsiders served", Trace::outsiders_served),
+        ];
+        CHECKS
+            .iter()
+            .find_map(|(name, check)| check(self).err().map(|why| (*name, why)))
     }
 
     fn outcome(&self, call: usize) -> Option<&Outcome> {
@@ -659,7 +753,8 @@ impl Trace {
             }
             let Some(_) = call.wait else { continue };
             let started = self.started_at(index);
-            if started < live_from {
+            // Before the checks began, or not run (a shrunk case dropped it).
+            if started < live_from || started == u64::MAX {
                 continue;
             }
             let reserved = started + reserved_within.as_micros() as u64;
@@ -793,9 +888,11 @@ impl Tier {
     }
 }
 
-/// Runs the world of `seed` on `tier`: its trace, or why it did not end.
-fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
-    let scenario = Scenario::draw(seed);
+/// Runs the world of `seed` on `tier`, with the calls and incidents `only` keeps: its trace, or
+/// why it did not end.
+fn world(seed: u64, tier: Tier, only: &Only) -> Result<Trace, String> {
+    let mut scenario = Scenario::draw(seed);
+    scenario.keep(only);
     let calls: Vec<Call> = scenario
         .clients
         .iter()
@@ -881,13 +978,20 @@ fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
                         (index - 1, call.clone())
                     })
                     .collect();
+                let only = only.clone();
                 tasks.push(tokio::spawn(async move {
                     // Only a busy group's: a sleep, even of nothing, would reorder the tasks.
                     if !begins.is_zero() {
                         tokio::time::sleep(begins).await;
                     }
                     for (index, call) in plan {
-                        tokio::time::sleep(call.pause).await;
+                        if !only.keeps(&call.name) {
+                            continue;
+                        }
+                        match only.start_of(index) {
+                            Some(start) => tokio::time::sleep_until(recorder.start + start).await,
+                            None => tokio::time::sleep(call.pause).await,
+                        }
                         recorder.record(index, What::Started);
                         let keys: Vec<String> = call.keys.iter().map(|k| format!("k{k}")).collect();
                         let body = {
@@ -967,10 +1071,11 @@ fn world(seed: u64, tier: Tier) -> Result<Trace, String> {
 fn replay(
     seed: u64,
     tier: Tier,
+    only: &Only,
     coverage: &mut BTreeMap<&'static str, u64>,
 ) -> Result<Trace, String> {
     __sim::take_coverage();
-    let first = world(seed, tier);
+    let first = world(seed, tier, only);
     for (name, count) in __sim::take_coverage() {
         *coverage.entry(name).or_default() += count;
     }
@@ -978,7 +1083,7 @@ fn replay(
     if std::env::var_os("SIM_TRACE").is_some_and(|trace| !trace.is_empty()) {
         print!("{first}");
     }
-    let again = world(seed, tier)?;
+    let again = world(seed, tier, only)?;
     __sim::take_coverage();
     if let Some((a, b)) = first.events.iter().zip(&again.events).find(|(a, b)| a != b) {
         return Err(format!("its two runs parted: `{a:?}`, then `{b:?}`"));
@@ -1012,6 +1117,13 @@ const REGRESSIONS: &[u64] = &[
     460, 504, 537, 621, 770, 1050, 1141, 1210, 1620, 1646, 4171, 5796, 5834, 6089, 6756, 6781,
     6993, 7784, 8046, 8449,
 ];
+
+/// Shrunk cases of [`REGRESSIONS`] (`scripts/sim.sh --shrink` on the commit before the fix):
+/// the few calls of the seed's world that still failed there, each started when it started in
+/// the whole world. 6089: p3.t2.c4 holds k1 by its `hold_at_least` after its body; its release
+/// woke p3.t0.c4, not p3.t1.c5 that had reserved the key, and p3.t1.c5 slept 204 ms on the key
+/// once the hold ran out (41 parts shrunk to 4).
+const SHRUNK_REGRESSIONS: &[(u64, &str)] = &[(6089, "p3.t0.c2,p3.t0.c4,p3.t1.c5,p3.t2.c4")];
 
 // ---- The busy client (issue 48): a client whose tasks hand one key around inside themselves,
 // announcing nothing, beside callers of other clients that must not starve behind it. ----
@@ -1190,10 +1302,75 @@ impl Trace {
 
 // ---- End of the busy client. ----
 
-/// The seeds to run: `SIM_SEEDS` (`S` or `FROM..TO`, `TO` excluded), else CI's `fixed` set.
-fn seeds(fixed: impl Iterator<Item = u64>) -> Vec<u64> {
+// ---- Shrinking: a failing seed's world cut down to the few calls that still fail it. ----
+
+/// Drops whole clients, then whole tasks, then single calls and incidents from `parts`
+/// ([`Scenario::parts`]), keeping each drop after which `fails` still holds, and goes round
+/// again until no drop does: what is left fails, and fails without any one of its parts.
+fn shrink(parts: Vec<String>, mut fails: impl FnMut(&[String]) -> bool) -> Vec<String> {
+    // A part's client (`p3`), its task (`p3.t1`), the part itself.
+    let groups: [fn(&str) -> &str; 3] = [
+        |part| part.split('.').next().unwrap_or(part),
+        |part| part.rsplit_once('.').map_or(part, |(task, _)| task),
+        |part| part,
+    ];
+    let mut kept = parts;
+    loop {
+        let before = kept.len();
+        for group in groups {
+            let mut names: Vec<String> = kept.iter().map(|part| group(part).to_owned()).collect();
+            names.dedup();
+            for name in names {
+                let fewer: Vec<String> = kept
+                    .iter()
+                    .filter(|part| group(part) != name)
+                    .cloned()
+                    .collect();
+                if fewer.len() < kept.len() && fails(&fewer) {
+                    kept = fewer;
+                }
+            }
+        }
+        if kept.len() == before {
+            return kept;
+        }
+    }
+}
+
+/// The smallest case of a failing `seed` that [`shrink`] finds, failing the same check as its
+/// whole world (or not ending, as it did not), and why it fails; `None` when the whole world
+/// passes its checks (a seed whose two runs parted).
+fn shrink_seed(seed: u64, tier: Tier) -> Option<(Vec<String>, String)> {
+    let failure = |only: &Only| match world(seed, tier, only) {
+        Err(why) => Some(("an end", why)),
+        Ok(trace) => trace.failed(),
+    };
+    let whole = world(seed, tier, &Only::default());
+    let (check, _) = match &whole {
+        Ok(trace) => trace.failed()?,
+        Err(why) => ("an end", why.clone()),
+    };
+    let parts = Scenario::draw(seed).parts();
+    let kept = shrink(parts, |parts| {
+        let only = Only::of(parts, whole.as_ref().ok());
+        failure(&only).is_some_and(|(failed, _)| failed == check)
+    });
+    __sim::take_coverage();
+    let (_, why) = failure(&Only::of(&kept, whole.as_ref().ok()))?;
+    Some((kept, why))
+}
+
+// ---- End of shrinking. ----
+
+/// The worlds to run, each a seed and the parts of it kept (empty: all): `SIM_SEEDS` (`S` or
+/// `FROM..TO`, `TO` excluded) with `SIM_ONLY`'s parts, else CI's `fixed` seeds and shrunk `cases`.
+fn seeds(fixed: impl Iterator<Item = u64>, cases: &[(u64, &str)]) -> Vec<(u64, String)> {
     let Ok(given) = std::env::var("SIM_SEEDS") else {
-        return fixed.collect();
+        let cases = cases.iter().map(|(seed, parts)| (*seed, parts.to_string()));
+        return fixed
+            .map(|seed| (seed, String::new()))
+            .chain(cases)
+            .collect();
     };
     let parse = |number: &str| {
         number
@@ -1201,17 +1378,19 @@ fn seeds(fixed: impl Iterator<Item = u64>) -> Vec<u64> {
             .parse::<u64>()
             .unwrap_or_else(|_| panic!("SIM_SEEDS={given}: a seed or FROM..TO"))
     };
-    match given.split_once("..") {
+    let seeds = match given.split_once("..") {
         Some((from, to)) => (parse(from)..parse(to)).collect(),
         None => vec![parse(&given)],
-    }
+    };
+    let only = std::env::var("SIM_ONLY").unwrap_or_default();
+    seeds.into_iter().map(|seed| (seed, only.clone())).collect()
 }
 
 /// Tier one over CI's fixed set, 1 to 400, and the [`REGRESSIONS`] (about 7 s in a debug build).
 #[test]
 fn a_seed_replays_its_trace_exactly_keeps_exclusion_and_another_seed_differs() {
     let fixed = (1..401).chain(REGRESSIONS.iter().copied());
-    replays_and_keeps_exclusion(Tier::Memory, seeds(fixed));
+    replays_and_keeps_exclusion(Tier::Memory, seeds(fixed, SHRUNK_REGRESSIONS));
 }
 
 /// Tier two's seeds for CI (about 25 s in a debug build), and the [`REDIS_REGRESSIONS`].
@@ -1256,22 +1435,30 @@ const REDIS_REGRESSIONS: &[u64] = &[
 #[test]
 fn over_the_simulated_redis_a_seed_replays_its_trace_and_keeps_exclusion() {
     let fixed = REDIS_SEEDS.chain(REDIS_REGRESSIONS.iter().copied());
-    replays_and_keeps_exclusion(Tier::Redis, seeds(fixed));
+    replays_and_keeps_exclusion(Tier::Redis, seeds(fixed, &[]));
 }
 
 /// Runs each seed of `seeds` twice on `tier`, printing `trace <seed> <hash>` or `seed <seed>
 /// failed: <why>`, then `sometimes <name> <count>`; fails when a seed failed.
-fn replays_and_keeps_exclusion(tier: Tier, seeds: Vec<u64>) {
+fn replays_and_keeps_exclusion(tier: Tier, seeds: Vec<(u64, String)>) {
     let mut failed = 0;
     let mut hashes = HashSet::new();
     let mut busy = 0;
     let mut coverage = BTreeMap::new();
     let started = std::time::Instant::now();
     let count = seeds.len();
-    for seed in seeds {
-        match replay(seed, tier, &mut coverage) {
+    let shrinking = std::env::var_os("SIM_SHRINK").is_some_and(|shrink| !shrink.is_empty());
+    for (seed, only) in seeds {
+        let parts = Scenario::draw(seed).parts();
+        let replayed = Only::parse(seed, tier, &only)
+            .and_then(|only| replay(seed, tier, &only, &mut coverage));
+        let case = match only.is_empty() {
+            true => String::new(),
+            false => format!(" (only {only})"),
+        };
+        match replayed {
             Ok(trace) => {
-                println!("trace {seed} {:016x}", trace.hash());
+                println!("trace {seed} {:016x}{case}", trace.hash());
                 assert!(
                     trace.count(|what| matches!(what, What::Entered { .. })) > 0,
                     "seed {seed}: nobody got the lock"
@@ -1283,8 +1470,22 @@ fn replays_and_keeps_exclusion(tier: Tier, seeds: Vec<u64>) {
                 );
             }
             Err(why) => {
-                println!("seed {seed} failed: {why}");
+                println!("seed {seed} failed: {why}{case}");
                 failed += 1;
+                if let Some((kept, why)) = shrinking.then(|| shrink_seed(seed, tier)).flatten() {
+                    let tier = match tier {
+                        Tier::Memory => "",
+                        Tier::Redis => " --tier redis",
+                    };
+                    println!(
+                        "seed {seed} shrunk to {} parts of {}: scripts/sim.sh{tier} --seed {seed} \
+                         --only {}",
+                        kept.len(),
+                        parts.len(),
+                        kept.join(",")
+                    );
+                    println!("seed {seed} shrunk fails: {why}");
+                }
             }
         }
     }
@@ -1464,4 +1665,58 @@ fn the_checker_lets_a_forced_release_end_a_hold() {
     assert_eq!(forced.exclusion(), Ok(()));
     forced.forced[0].key = 1;
     assert!(forced.exclusion().is_err(), "another key forced");
+}
+
+#[test]
+fn shrinking_keeps_only_the_parts_a_failure_needs() {
+    let parts: Vec<String> = (0..3)
+        .flat_map(|client| {
+            (0..2)
+                .flat_map(move |task| (0..4).map(move |call| format!("p{client}.t{task}.c{call}")))
+        })
+        .chain(["shutdown".to_owned(), "forced.0".to_owned()])
+        .collect();
+    let needed = ["p0.t1.c2", "p2.t0.c0", "forced.0"];
+    let mut tries = 0;
+    let kept = shrink(parts, |parts| {
+        tries += 1;
+        needed.iter().all(|part| parts.iter().any(|p| p == part))
+    });
+    assert_eq!(kept, needed);
+    // Clients and tasks go whole before their calls are tried one by one.
+    assert!(tries < 30, "{tries} tries");
+}
+
+#[test]
+fn a_world_shrinks_to_the_calls_that_keep_its_failure() {
+    // Not a defect: "some call ended busy" stands in for a failure, so that a real world shrinks.
+    let seed = 3;
+    let busy = |trace: &Trace| trace.count(|what| *what == What::Ended(Outcome::Busy)) > 0;
+    let whole = world(seed, Tier::Memory, &Only::default()).expect("the world ends");
+    assert!(busy(&whole), "seed {seed} has no busy call to shrink to");
+    let parts = Scenario::draw(seed).parts();
+    let kept = shrink(parts.clone(), |parts| {
+        let only = Only::of(parts, Some(&whole));
+        world(seed, Tier::Memory, &only).is_ok_and(|trace| busy(&trace))
+    });
+    let shrunk = world(seed, Tier::Memory, &Only::of(&kept, Some(&whole))).expect("the world ends");
+    println!(
+        "seed {seed} shrunk to {kept:?} of {} parts:\n{shrunk}",
+        parts.len()
+    );
+    assert!(busy(&shrunk));
+    assert!(
+        (2..=4).contains(&kept.len()),
+        "{} parts of {} left: {kept:?}",
+        kept.len(),
+        parts.len()
+    );
+    // Only the kept calls ran.
+    for event in &shrunk.events {
+        assert!(
+            kept.contains(&shrunk.calls[event.call].name),
+            "{event:?} ran"
+        );
+    }
+    __sim::take_coverage();
 }
