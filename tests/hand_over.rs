@@ -462,3 +462,86 @@ async fn a_release_wakes_the_waiter_of_its_client_that_reserved_the_key() {
     // lease end, 8 s.
     assert!(order[0].1 < lease / 2, "{order:?}");
 }
+
+/// Every caller that waited past the starvation bound keeps its place among the key's waiters
+/// (`reserved`, then `reserved_next`, see docs/protocol.md), in the order they began waiting, up
+/// to 16; the key, freed by its readers' hold running out, goes to them in that order. Those
+/// beyond 16 go unrecorded (`reserved_more` says so) and look again as places free, and are
+/// served after them, in order too. While two places were kept, a third went unrecorded until a
+/// place freed, and callers after it could pass it (the simulator's tier two, seeds 820 and 955).
+#[tokio::test]
+async fn every_caller_past_the_starvation_bound_keeps_its_place_in_order() {
+    use redis::AsyncCommands;
+    use std::sync::Mutex;
+    let server = RedisServer::start();
+    let (log, _guard) = Log::capture(tracing::Level::DEBUG);
+    let key = "handover:queue";
+    let reader = fast_client(&server).await;
+    let hold = Duration::from_millis(2_500);
+    reader
+        .run_locked(key, opts(8_000).read().hold_at_least(hold), async {})
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut writers = Vec::new();
+    let mut tokens = Vec::new();
+    let (kept, writer_count) = (16, 20);
+    for name in 0..writer_count {
+        let (client, order) = (fast_client(&server).await, order.clone());
+        writers.push(tokio::spawn(async move {
+            let options = opts(5_000).wait(Duration::from_secs(20));
+            client
+                .run_locked(key, options, async {
+                    order.lock().unwrap().push(name);
+                })
+                .await
+                .unwrap();
+        }));
+        // Past the bound, its look reserves the key: the next one begins waiting after it.
+        let reserving = || {
+            let text = log.text();
+            let hints = text.lines().filter(|line| line.contains(RESERVING));
+            let mut hints =
+                hints.map(|line| line.split("token_hint=").nth(1).unwrap()[..4].to_owned());
+            hints.find(|hint| !tokens.contains(hint))
+        };
+        eventually(
+            Duration::from_secs(5),
+            "the writer reserved the key",
+            || {
+                let reserved = reserving().is_some();
+                async move { reserved }
+            },
+        )
+        .await;
+        tokens.push(reserving().unwrap());
+    }
+    // The first 16 stand recorded, in the order they began waiting; the others went unrecorded.
+    let waiters = protocol::Names::default().waiters(key);
+    let mut conn = server.connection().await;
+    let first: Option<String> = conn.hget(&waiters, "reserved").await.unwrap();
+    let next: Option<String> = conn.hget(&waiters, "reserved_next").await.unwrap();
+    let more: Option<String> = conn.hget(&waiters, "reserved_more").await.unwrap();
+    let recorded: Vec<String> = first
+        .into_iter()
+        .chain(
+            next.iter()
+                .flat_map(|next| next.split('|').map(str::to_owned)),
+        )
+        .map(|reservation| {
+            let value = reservation.splitn(4, '/').nth(3).unwrap().to_owned();
+            protocol::holder_token(&value)[..4].to_owned()
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        tokens[..kept],
+        "the reservations among the key's waiters"
+    );
+    assert_eq!(more.as_deref(), Some("1"), "callers went unrecorded");
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order, (0..writer_count).collect::<Vec<_>>());
+}

@@ -4,9 +4,10 @@
 //! A release wakes one waiter per client (FIFO, through [`Notify::notify_one`]), not all of
 //! them, so a thousand waiters on one key do not stampede Redis. A release that handed the key
 //! to a caller it was reserved for (one that waited too long, see `protocol::RESERVE_AFTER`)
-//! wakes that caller alone, wherever it runs: the key is not free for anyone else; one other
-//! caller that waited too long looks again too, to reserve the key for itself in turn. A waiter also sleeps no longer
-//! than the holder's remaining lease (jittered): that covers a holder that died without
+//! wakes that caller alone, wherever it runs: the key is not free for anyone else; the callers
+//! elsewhere that waited too long look again too, to reserve the key in turn should theirs have
+//! gone unrecorded (a key keeps 16 reservations). A waiter also sleeps no longer than the
+//! holder's remaining lease (jittered): that covers a holder that died without
 //! announcing anything, and any time the subscription is down. When subscribing fails the
 //! waiters are told at once (they fall back to that timing, and look again at each failed try),
 //! and the subscription is reopened with backoff (at most [`REOPEN_CAP`] apart) and every
@@ -380,10 +381,11 @@ impl WaitQueue {
         }
     }
 
-    /// The longest-parked waiter of this client that offered to be handed `key`, taken out of
-    /// the queue: the caller must [`tell`](Candidate::tell) it what became of its offer. None
-    /// while readers or fair waiters of this client wait for the key: a release is theirs to
-    /// look at.
+    /// The waiter of this client that offered to be handed `key` and began waiting first among
+    /// those that reserved it (the key's reservations go in that order, and a hand-over to
+    /// another would pass to it), else the longest parked, taken out of the queue: the caller
+    /// must [`tell`](Candidate::tell) it what became of its offer. None while readers or fair
+    /// waiters of this client wait for the key: a release is theirs to look at.
     pub(crate) fn next_candidate(&self, key: &str) -> Option<Candidate> {
         if self.waited_keys.load(std::sync::atomic::Ordering::Acquire) == 0 {
             return None;
@@ -392,7 +394,14 @@ impl WaitQueue {
         if waiters.everyone.load(std::sync::atomic::Ordering::Acquire) > 0 {
             return None;
         }
-        lock(&waiters.candidates).pop_front()
+        let first_reserving = waiters.first_reserving();
+        let mut candidates = lock(&waiters.candidates);
+        let reserved = first_reserving
+            .and_then(|(token, _)| candidates.iter().position(|next| next.token == token));
+        match reserved {
+            Some(at) => candidates.remove(at),
+            None => candidates.pop_front(),
+        }
     }
 }
 
@@ -616,8 +625,8 @@ impl KeyWaiters {
         if let Some(token) = heard.handed_to {
             // Handed to a caller it was reserved for: not free for anyone else. That caller,
             // if it is one of ours, takes it (and its release passes the key on to our other
-            // waiters in turn). Handed to a caller elsewhere: the key held one reservation, so
-            // ours went unrecorded, and those that waited too long look again to reserve it in
+            // waiters in turn). Handed to a caller elsewhere: ours that waited too long may have
+            // gone unrecorded (the key keeps 16 reservations), and look again to reserve it in
             // turn, those parked at once and those looking right now as soon as their look is
             // answered (the count of releases heard moved).
             if let Some((_, handed)) = lock(&self.reservations).get(token) {
@@ -662,11 +671,19 @@ impl KeyWaiters {
         if self.everyone.load(std::sync::atomic::Ordering::Acquire) > 0 {
             self.released.notify_waiters();
         }
-        let reservations = lock(&self.reservations);
-        match reservations.values().min_by_key(|(since_ms, _)| *since_ms) {
+        match self.first_reserving() {
             Some((_, first)) => first.notify_one(),
             None => self.released.notify_one(),
         }
+    }
+
+    /// The caller of this client that began waiting first among those that reserved the key
+    /// (ties: the smaller token, as the scripts order reservations), and how to wake it.
+    fn first_reserving(&self) -> Option<(String, Arc<Notify>)> {
+        lock(&self.reservations)
+            .iter()
+            .min_by(|(a, (a_since, _)), (b, (b_since, _))| (a_since, a).cmp(&(b_since, b)))
+            .map(|(token, (_, woken))| (token.clone(), woken.clone()))
     }
 }
 

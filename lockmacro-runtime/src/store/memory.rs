@@ -42,6 +42,7 @@
 //! | … `later_attempt` | `protocol::is_later_attempt` |
 //! | `waiters.lua`: `count_waiter`, `served`, `estimate`, `forget_when_idle`, `others_waiting` | `Data::` the same |
 //! | … `unreserve`; acquire.lua's `reserve`, `standing` | `Waiters::unreserve`; `Data::reserve` |
+//! | `reservations.lua`: `reservations`, `queued`, `requeue`; `drop_reservation`, `unrecorded` | `Waiters::reserved`, `more`; `Waiters::` the same |
 //! | release.lua's and release_shared.lua's naming of the caller a key is reserved for | `Data::reserver` |
 //! | … the hash's expiry | `Waiters::expires`, read by `Data::waiters_of` |
 //! | `holders.lua`: `live_holders` | `Data::live` |
@@ -124,12 +125,14 @@ struct Waiters {
     entries: Map<String, Instant>,
     /// The last caller served, and the mean time between two (`None` after the first).
     served: Option<(Instant, Option<Duration>)>,
-    /// The reservation of the key for a caller of it alone that waited too long (the hash's
-    /// `reserved` field, see waiters.lua): it stands while that caller is counted, and the free
-    /// key waits for it.
-    reserved: Option<Reserved>,
-    /// The next such caller (`reserved_next`): it moves up when the first is served or leaves.
-    reserved_next: Option<Reserved>,
+    /// The reservations of the key for callers of it alone that waited too long, in the order
+    /// they go (the hash's `reserved` field, the first, and `reserved_next`, the rest; see
+    /// reservations.lua): one stands while its caller is counted, and the free key waits for the
+    /// first that stands; when the first is served or leaves, the next moves up.
+    reserved: Vec<Reserved>,
+    /// A caller past the bound went unrecorded (beyond [`RESERVATIONS_KEPT`]; the hash's
+    /// `reserved_more`): the next reservation served is announced, and it looks again.
+    more: bool,
     /// When the scripts' hash expires: with its longest-lived entry, or a while after the
     /// callers left ([`WAITERS_IDLE_LIFE`]); `None` before anything was counted.
     expires: Option<Instant>,
@@ -139,16 +142,27 @@ impl Waiters {
     /// waiters.lua's `unreserve`: `token`'s reservation leaves, and the next one moves up (it is
     /// returned).
     fn unreserve(&mut self, token: &str) -> Option<Reserved> {
-        let is = |slot: &Option<Reserved>| slot.as_ref().is_some_and(|r| r.token() == token);
-        if is(&self.reserved_next) {
-            self.reserved_next = None;
-        } else if is(&self.reserved) {
-            self.reserved = self.reserved_next.take();
-            return self.reserved.clone();
-        }
-        None
+        self.drop_reservation(|r| r.token() == token)
+    }
+
+    /// reservations.lua's `drop_reservation`: the reservation `owns` picks leaves; when it was
+    /// the first, the next one moves up, and is returned.
+    fn drop_reservation(&mut self, owns: impl Fn(&Reserved) -> bool) -> Option<Reserved> {
+        let at = self.reserved.iter().position(owns)?;
+        self.reserved.remove(at);
+        self.more &= !self.reserved.is_empty();
+        (at == 0).then(|| self.reserved.first().cloned()).flatten()
+    }
+
+    /// reservations.lua's `unrecorded`: whether a caller past the bound went unrecorded, which
+    /// is forgotten.
+    fn unrecorded(&mut self) -> bool {
+        std::mem::take(&mut self.more)
     }
 }
+
+/// How many reservations a key's waiters keep (reservations.lua's `RESERVATIONS_KEPT`).
+const RESERVATIONS_KEPT: usize = 16;
 
 /// How long the callers waiting for a key are remembered once nobody is counted (waiters.lua's
 /// `forget_when_idle`): a burst that follows at once finds how fast the last one was served.
@@ -342,10 +356,7 @@ impl Data {
     ) -> (bool, Option<(Instant, Reserved)>) {
         let waiters = self.waiters_of(key, now);
         let others = waiters.entries.keys().any(|waiter| waiter != token);
-        for reserved in [&waiters.reserved, &waiters.reserved_next]
-            .into_iter()
-            .flatten()
-        {
+        for reserved in &waiters.reserved {
             if reserved.token() == token {
                 return (others, None);
             }
@@ -362,12 +373,7 @@ impl Data {
     /// after its call left, say) is taken off, among the waiters and after the holder's mark.
     fn unreserve_attempt(&mut self, key: &str, value: &str, now: Instant) {
         let waiters = self.waiters_of(key, now);
-        let by_this = |slot: &Option<Reserved>| slot.as_ref().is_some_and(|r| r.value == value);
-        if by_this(&waiters.reserved_next) {
-            waiters.reserved_next = None;
-        } else if by_this(&waiters.reserved) {
-            waiters.reserved = waiters.reserved_next.take();
-        }
+        waiters.drop_reservation(|r| r.value == value);
         if let Some(Held::Exclusive { reserved, .. }) = self.live(key, now)
             && reserved.as_ref().is_some_and(|r| r.value == value)
         {
@@ -378,49 +384,34 @@ impl Data {
     /// The caller `key` stands reserved for among its waiters, while it is counted.
     fn reserver(&mut self, key: &str, now: Instant) -> Option<String> {
         let waiters = self.waiters_of(key, now);
-        let reserved = waiters.reserved.as_ref()?;
+        let reserved = waiters.reserved.first()?;
         let lapses = waiters.entries.get(reserved.token())?;
         (*lapses > now).then(|| reserved.token().to_owned())
     }
 
     /// acquire.lua's `reserve`: a caller that waited too long reserves `key` among its
-    /// waiters, unless a caller still counted there that began waiting earlier did.
-    /// First, unless a caller still counted there that began waiting earlier did; else next,
-    /// on the same terms.
+    /// waiters, in its place among the callers still counted there that did: first, unless one
+    /// of them began waiting earlier. Reservations of callers no longer counted, and this
+    /// caller's earlier one, go; past [`RESERVATIONS_KEPT`], the last.
     fn reserve(&mut self, key: &str, reservation: Reserved, now: Instant) {
         let waiters = self.waiters_of(key, now);
-        let standing = |slot: &Option<Reserved>| {
-            slot.clone().filter(|current| {
-                current.token() != reservation.token()
-                    && waiters
-                        .entries
-                        .get(current.token())
-                        .is_some_and(|lapses| *lapses > now)
-            })
-        };
-        let (first, mut second) = (
-            standing(&waiters.reserved),
-            standing(&waiters.reserved_next),
-        );
-        match first {
-            Some(first) if !reservation.before(&first) => {
-                if second
-                    .as_ref()
-                    .is_none_or(|second| reservation.before(second))
-                {
-                    second = Some(reservation);
-                }
-            }
-            first => {
-                if let Some(first) = first
-                    && second.as_ref().is_none_or(|second| first.before(second))
-                {
-                    second = Some(first);
-                }
-                waiters.reserved = Some(reservation);
-            }
+        let entries = &waiters.entries;
+        waiters.reserved.retain(|current| {
+            current.token() != reservation.token()
+                && entries
+                    .get(current.token())
+                    .is_some_and(|lapses| *lapses > now)
+        });
+        let at = waiters
+            .reserved
+            .iter()
+            .position(|current| reservation.before(current))
+            .unwrap_or(waiters.reserved.len());
+        waiters.reserved.insert(at, reservation);
+        if waiters.reserved.len() > RESERVATIONS_KEPT {
+            waiters.reserved.truncate(RESERVATIONS_KEPT);
+            waiters.more = true;
         }
-        waiters.reserved_next = second;
     }
 
     /// `forget_when_idle`: once the hash holds one field at most (the `served` field, or one
@@ -429,8 +420,7 @@ impl Data {
         let waiters = self.waiters_of(key, now);
         let fields = waiters.entries.len()
             + usize::from(waiters.served.is_some())
-            + usize::from(waiters.reserved.is_some())
-            + usize::from(waiters.reserved_next.is_some());
+            + waiters.reserved.len().min(2);
         if fields <= 1 {
             waiters.expires = Some(now + WAITERS_IDLE_LIFE);
         }
@@ -1009,7 +999,13 @@ impl Data {
             self.publish(key, handed(ours, reservation.token()));
             return HandOver::ToReservation;
         }
-        if watched || (reserved_one_key && reserved_token == Some(next_token)) {
+        // Announced when watched, and when it serves the next holder's reservation while a
+        // caller past the bound went unrecorded: it looks again. The others keep their places.
+        if watched
+            || (reserved_one_key
+                && reserved_token == Some(next_token)
+                && self.waiters_of(key, now).unrecorded())
+        {
             self.publish(key, handed(ours, next_token));
         }
         // A reservation for a caller of several keys stays for a release of them all; one for
@@ -1075,7 +1071,7 @@ impl Data {
         // Whether the free key stood reserved for it: the next caller moves up.
         let reserved = waiters
             .reserved
-            .as_ref()
+            .first()
             .is_some_and(|reserved| reserved.token() == token);
         waiters.unreserve(token);
         self.forget_when_idle(key, now);

@@ -608,9 +608,9 @@ impl Names {
 
     /// The callers waiting for `key`: a hash of their tokens, each holding when its entry
     /// lapses (ms, server clock), for counting them; [`SERVED_FIELD`]; and `reserved` and
-    /// `reserved_next`, the [`Reservation`]s of the first two callers of this key alone that
-    /// waited too long, which outlive a lock that frees itself without a release (see
-    /// waiters.lua).
+    /// `reserved_next`, the [`Reservation`]s of the callers of this key alone that waited too
+    /// long, in the order they go (the first, then the others), which outlive a lock that frees
+    /// itself without a release (see reservations.lua).
     pub fn waiters(&self, key: &str) -> String {
         format!("{}:waiters:{key}", self.namespace)
     }

@@ -61,24 +61,33 @@ local function standing(r)
 end
 
 -- A caller that waited too long (`reservation`) reserves the key among its waiters (see
--- waiters.lua): first, unless a caller still counted there that began waiting earlier did
--- (values.lua's `before`); else next, on the same terms.
+-- waiters.lua), in its place among the callers still counted there that did (values.lua's
+-- `before`): first, unless one of them began waiting earlier. Reservations of callers no
+-- longer counted, and this caller's earlier one, go; past `RESERVATIONS_KEPT`, the last.
 local function reserve(reservation)
-  local found = {reservations(KEYS[6])}
-  local first, second = nil, nil
-  if reserver_of(found[1]) ~= token then first = standing(found[1]) end
-  if reserver_of(found[2]) ~= token then second = standing(found[2]) end
-  if not first or before(reservation, first) then
-    redis.call('HSET', KEYS[6], 'reserved', reservation)
-    if first and (not second or before(first, second)) then second = first end
-  elseif not second or before(reservation, second) then
-    second = reservation
+  local first, next = reservations(KEYS[6])
+  local order = {}
+  if first then
+    table.insert(order, first)
+    for _, r in ipairs(queued(next)) do table.insert(order, r) end
   end
-  if second then
-    redis.call('HSET', KEYS[6], 'reserved_next', second)
-  elseif found[2] then
-    redis.call('HDEL', KEYS[6], 'reserved_next')
+  local list, placed = {}, false
+  for _, r in ipairs(order) do
+    if reserver_of(r) ~= token and standing(r) then
+      if not placed and before(reservation, r) then
+        table.insert(list, reservation)
+        placed = true
+      end
+      table.insert(list, r)
+    end
   end
+  if not placed then table.insert(list, reservation) end
+  if #list > RESERVATIONS_KEPT then
+    while #list > RESERVATIONS_KEPT do table.remove(list) end
+    redis.call('HSET', KEYS[6], 'reserved_more', '1')
+  end
+  redis.call('HSET', KEYS[6], 'reserved', table.remove(list, 1))
+  requeue(KEYS[6], list)
 end
 
 -- Busy: a caller that waits is counted, marks an exclusive holder's key and, once it waited too

@@ -5,7 +5,7 @@
 -- itself only while nobody elsewhere waited too long: a caller that did reserved the key (see
 -- acquire.lua), and it is handed to that caller instead (announced to it alone), wherever it
 -- runs. A hand-over of a watched key (its watch mark, see release.lua) is announced, so that the
--- watch sees every holder, and so is one to a next holder that had reserved the key.
+-- watch sees every holder.
 -- KEYS[1] = lock key; KEYS[2] = the release channel, and the name of its watch mark (a key
 -- here, so that a cluster refuses a channel outside the key's slot); KEYS[3] = the callers
 -- waiting for the key (see values.lua); KEYS[4] = the writers waiting for its readers to leave
@@ -34,10 +34,10 @@ if keys == '1' and reserved_token ~= next_token then
   redis.call(publish, KEYS[2], ours .. '>' .. reserved_token)
   return 3
 end
--- Announced when watched, and when it serves the next holder's reservation: the key keeps one
--- reservation, so every other caller that reserved it went unrecorded and looks again, to
--- reserve it in turn.
-if found[2] or (keys == '1' and reserved_token == next_token) then
+-- Announced when watched, and when it serves the next holder's reservation while a caller that
+-- waited too long went unrecorded (see reservations.lua): it looks again, to reserve the key in
+-- turn. The others keep their places among the key's waiters.
+if found[2] or (keys == '1' and reserved_token == next_token and unrecorded(KEYS[3])) then
   redis.call(publish, KEYS[2], ours .. '>' .. next_token)
 end
 if marked then

@@ -54,18 +54,11 @@ end
 -- the key's waiters (KEYS[3]) and after its holder's mark, so that no caller that is gone keeps
 -- the key from the others. One its call made since carries a later value, and stays.
 if ARGV[4] == 'undo' and KEYS[3] then
-  local reservations = {redis.call('HGET', KEYS[3], 'reserved'), redis.call('HGET', KEYS[3], 'reserved_next')}
   local function by_this(r)
     return r and string.sub(r, -#token - 1) == '/' .. token
   end
-  if by_this(reservations[2]) then
-    redis.call('HDEL', KEYS[3], 'reserved_next')
-  elseif by_this(reservations[1]) and reservations[2] then
-    redis.call('HSET', KEYS[3], 'reserved', reservations[2])
-    redis.call('HDEL', KEYS[3], 'reserved_next')
-  elseif by_this(reservations[1]) then
-    redis.call('HDEL', KEYS[3], 'reserved')
-  end
+  local first, next = reservations(KEYS[3])
+  drop_reservation(KEYS[3], first, next, by_this)
   -- A shared lock (a hash) carries no reservation.
   local stored = redis.pcall('GET', key)
   local at = type(stored) == 'string' and string.find(stored, '+', 1, true)

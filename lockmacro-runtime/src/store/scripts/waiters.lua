@@ -8,22 +8,15 @@
 -- without a release (its lease or its `hold_at_least` ran out, its last reader's lease ended)
 -- cannot hand itself over, and a reservation that lived in its value alone would go with it, so
 -- the free key would go to whoever looks first. While its caller is counted here, the free key
--- waits for it: any other caller finds it busy. `reserved_next` keeps the next such caller (one
--- kept out of the free key by the first): when the first takes the key, the next's reservation
--- moves up and marks the new holder's value, so that its release hands the key on.
+-- waits for it: any other caller finds it busy. `reserved_next` keeps the next such callers, in
+-- the order they go (`before`), '|' between two: when the first takes the key or leaves, the
+-- next's reservation moves up and marks the new holder's value, so that its release hands the
+-- key on. Every caller past the bound is recorded, however many wait.
 
 
 -- The token of the caller reservation `r` names (nil for nil).
 local function reserver_of(r)
   return r and string.match(r, '^%d+/%d+/%d+/([^;]*)')
-end
-
--- The reservations kept in `waiters` (false for none; `reserved_next` only beside `reserved`),
--- read by HGET: an ACL that grants the library its commands names no other.
-local function reservations(waiters)
-  local first = redis.call('HGET', waiters, 'reserved')
-  if not first then return false, false end
-  return first, redis.call('HGET', waiters, 'reserved_next')
 end
 
 -- Counts a waiting caller (`token`) in `waiters` until `now + life`; the hash lives as long as
@@ -50,17 +43,18 @@ local function others_waiting(waiters, token, now)
     if found[i] then counted = counted + 1 end
   end
   local others = fields > counted
-  for i = 2, 3 do
-    local reserver = reserver_of(found[i])
+  if not found[2] then return others, nil end
+  local order = queued(found[3])
+  table.insert(order, 1, found[2])
+  for _, r in ipairs(order) do
+    local reserver = reserver_of(r)
     if reserver == token then return others, nil end
-    if reserver then
-      if not now then
-        local clock = redis.call('TIME')
-        now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-      end
-      local lapses = tonumber(redis.call('HGET', waiters, reserver))
-      if lapses and lapses > now then return others, lapses, found[i] end
+    if not now then
+      local clock = redis.call('TIME')
+      now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
     end
+    local lapses = tonumber(redis.call('HGET', waiters, reserver))
+    if lapses and lapses > now then return others, lapses, r end
   end
   return others, nil
 end
@@ -75,17 +69,7 @@ end
 -- A caller's reservation (`token`'s) leaves `waiters`: the next one moves up. Returns the one
 -- that moved up, if any.
 local function unreserve(waiters, token, reserved, next)
-  if reserver_of(next) == token then
-    redis.call('HDEL', waiters, 'reserved_next')
-  elseif reserver_of(reserved) == token then
-    if next then
-      redis.call('HSET', waiters, 'reserved', next)
-      redis.call('HDEL', waiters, 'reserved_next')
-      return next
-    end
-    redis.call('HDEL', waiters, 'reserved')
-  end
-  return nil
+  return drop_reservation(waiters, reserved, next, function(r) return reserver_of(r) == token end)
 end
 
 -- A waiting caller (`token`) got the lock: it leaves `waiters` (with its reservation), and the
