@@ -817,8 +817,8 @@ impl HandOverCase {
                 case.leave(waiter).await;
             }
             // A waiter of the same client that waited too long reserved the key: the hand-over
-            // serves its reservation, and announces it (other callers that reserved the key went
-            // unrecorded, and look again).
+            // serves its reservation, unannounced (other callers that reserved the key keep their
+            // places among its waiters).
             Self::ToAWaiterThatReservedTheKey => {
                 let waiter = case.call(&here, "W", vec![], waiter());
                 case.until_stored("reserved", |stored| stored.reserved.is_some())

@@ -48,11 +48,9 @@ async fn assert_handed_over(locks: &LockClient, node: &RedisServer, key: &str, p
     });
     log.seen(PARKED).await;
     // A waiter whose look came more than `RESERVE_AFTER` after it began waiting (a loaded
-    // machine) reserved the key at that look: serving a reservation is announced, so that the
-    // others that reserved it look again (see hand_over.lua). Its one look is behind it now.
+    // machine) reserved the key at that look: serving its reservation is not announced either
+    // (every other caller that reserved the key keeps its place, see reservations.lua).
     let parked_on = get(node, key).await.expect("held");
-    let reserved =
-        protocol::Stored::parse(&parked_on).is_some_and(|stored| stored.reserved.is_some());
 
     let (publishes, dels) = (command_calls(node, publish), command_calls(node, "del"));
     let holder = held.token().to_owned();
@@ -68,12 +66,9 @@ async fn assert_handed_over(locks: &LockClient, node: &RedisServer, key: &str, p
     assert_eq!(log.count(HANDING), 1);
     assert_eq!(
         command_calls(node, publish),
-        publishes + u64::from(reserved),
-        "announced only when the waiter had reserved the key ({parked_on})"
+        publishes,
+        "not announced ({parked_on})"
     );
-    if reserved {
-        eprintln!("the waiter had reserved the key: its hand-over was announced");
-    }
     assert_eq!(command_calls(node, "del"), dels, "never deleted");
     let ttl = match node.command(&["PTTL", key]) {
         redis::Value::Int(ms) => ms,
@@ -307,11 +302,7 @@ async fn without_pubsub_in_the_acl_a_release_still_hands_the_lock_over() {
         }
     });
     log.seen(PARKED).await;
-    // As in the first test: a waiter whose look came late (a loaded machine) reserved the key,
-    // and serving a reservation is announced (by the script, which the ACL allows).
     let parked_on = get(&server, "handover:5").await.expect("held");
-    let reserved =
-        protocol::Stored::parse(&parked_on).is_some_and(|stored| stored.reserved.is_some());
 
     let publishes = command_calls(&server, "publish");
     held.release().await.expect("released without an error");
@@ -319,8 +310,8 @@ async fn without_pubsub_in_the_acl_a_release_still_hands_the_lock_over() {
     assert_eq!(log.count(HANDING), 1, "handed over");
     assert_eq!(
         command_calls(&server, "publish"),
-        publishes + u64::from(reserved),
-        "announced only when the waiter had reserved the key ({parked_on})"
+        publishes,
+        "not announced ({parked_on})"
     );
     leave.send(()).unwrap();
     waiter.await.unwrap().unwrap();
