@@ -49,12 +49,14 @@ local function others_waiting(waiters, token, now)
   for _, r in ipairs(order) do
     local reserver = reserver_of(r)
     if reserver == token then return others, nil end
-    if not now then
-      local clock = redis.call('TIME')
-      now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    if reserver then
+      if not now then
+        local clock = redis.call('TIME')
+        now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      end
+      local lapses = tonumber(redis.call('HGET', waiters, reserver))
+      if lapses and lapses > now then return others, lapses, r end
     end
-    local lapses = tonumber(redis.call('HGET', waiters, reserver))
-    if lapses and lapses > now then return others, lapses, r end
   end
   return others, nil
 end
@@ -104,7 +106,9 @@ local function estimate(waiters, remaining)
   local found = {redis.call('HGET', waiters, 'served'), reservations(waiters)}
   local mean = tonumber(string.match(found[1] or '', ';(%-?%d+)$'))
   if not mean or mean < 0 then return remaining end
-  local ahead = redis.call('HLEN', waiters) - 1 - (found[2] and 1 or 0) - (found[3] and 1 or 0)
+  -- Fields that are no caller: `served`, the reservations, and `reserved_more` beside a queue.
+  local more = found[3] and redis.call('HEXISTS', waiters, 'reserved_more') or 0
+  local ahead = redis.call('HLEN', waiters) - 1 - (found[2] and 1 or 0) - (found[3] and 1 or 0) - more
   local first = mean
   if remaining >= 0 and remaining < first then first = remaining end
   return first + ahead * mean
