@@ -520,8 +520,8 @@ async fn every_caller_past_the_starvation_bound_keeps_its_place_in_order() {
                 .flat_map(|next| next.split('|').map(str::to_owned)),
         )
         .map(|reservation| {
-            let value = reservation.splitn(4, '/').nth(3).unwrap().to_owned();
-            protocol::holder_token(&value)[..4].to_owned()
+            let reservation = protocol::Reservation::parse(&reservation).expect("a reservation");
+            protocol::holder_token(reservation.value)[..4].to_owned()
         })
         .collect();
     assert_eq!(

@@ -330,7 +330,9 @@ impl Stored<'_> {
 }
 
 impl Reservation<'_> {
-    fn parse(text: &str) -> Option<Reservation<'_>> {
+    /// Takes a reservation apart (`{since_ms}/{ttl_ms}/{keys}/{value}`, as after a holder's mark
+    /// and in the key's waiters); `None` when it is none.
+    pub fn parse(text: &str) -> Option<Reservation<'_>> {
         let mut fields = text.splitn(4, RESERVATION_SEPARATOR);
         let mut number = || fields.next()?.parse::<u64>().ok();
         let (since_ms, ttl_ms, keys) = (number()?, number()?, number()?);
