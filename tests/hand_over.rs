@@ -17,6 +17,15 @@ const PARKED: &str = "parked until the lock is released or handed to this caller
 const RESERVING: &str = "waited past the starvation bound; reserving the lock";
 const HANDING: &str = "handing the lock to the next waiter of this client";
 
+/// The token hints of the callers that logged reserving a key, in the order they did.
+fn reserving_hints(log: &Log) -> Vec<String> {
+    let text = log.text();
+    let lines = text.lines().filter(|line| line.contains(RESERVING));
+    lines
+        .map(|line| line.split("token_hint=").nth(1).unwrap()[..4].to_owned())
+        .collect()
+}
+
 async fn cluster_client(cluster: &RedisCluster) -> LockClient {
     LockClient::cluster_builder(cluster.seed_urls())
         .scan_interval(Duration::from_millis(100))
@@ -413,9 +422,7 @@ async fn a_release_wakes_the_waiter_of_its_client_that_reserved_the_key() {
     // Past the starvation bound, its look reserves the key; then it parks.
     // (`inspect` names only a reservation an exclusive holder carries.)
     log.seen(RESERVING).await;
-    let text = log.text();
-    let line = text.lines().find(|line| line.contains(RESERVING)).unwrap();
-    let hint = line.split("token_hint=").nth(1).unwrap()[..4].to_owned();
+    let hint = reserving_hints(&log).remove(0);
     eventually(
         Duration::from_secs(5),
         "the reserving writer parked",
@@ -490,11 +497,8 @@ async fn every_caller_past_the_starvation_bound_keeps_its_place_in_order() {
         }));
         // Past the bound, its look reserves the key: the next one begins waiting after it.
         let reserving = || {
-            let text = log.text();
-            let hints = text.lines().filter(|line| line.contains(RESERVING));
-            let mut hints =
-                hints.map(|line| line.split("token_hint=").nth(1).unwrap()[..4].to_owned());
-            hints.find(|hint| !tokens.contains(hint))
+            let hints = reserving_hints(&log);
+            hints.into_iter().find(|hint| !tokens.contains(hint))
         };
         eventually(
             Duration::from_secs(5),
