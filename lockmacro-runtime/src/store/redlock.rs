@@ -46,7 +46,7 @@ use crate::health::{Health, NodeRole};
 use crate::metrics;
 use crate::options::LockKind;
 use crate::sync::{Set, lock};
-use tally::{Answer, BusyAnswer, Decision, Tally, decide};
+use tally::{Answer, BusyAnswer, Decision, HandOvers, Renewals, Tally, decide};
 
 mod tally;
 
@@ -145,7 +145,7 @@ impl RedlockStore {
     const SPLIT_RETRY: Duration = Duration::from_millis(25);
 
     fn quorum(&self) -> usize {
-        self.masters.len() / 2 + 1
+        tally::majority(self.masters.len())
     }
 
     /// Whether master `master` is in the hot path (see [`Path`]).
@@ -200,13 +200,13 @@ impl RedlockStore {
                     let lease = lease.clone();
                     async move { master.release(undone(&lease)).await }
                 },
-                |answers| answers.iter().filter(|answer| answer.is_ok()).count() >= quorum,
+                |answers| oks(answers) >= quorum,
             ),
         );
         match undone.await {
             Ok(answers) => {
                 let out = (0..masters).filter(|&i| !self.in_path(i)).count();
-                answers.iter().filter(|answer| answer.is_ok()).count() + out >= masters
+                oks(&answers) + out >= masters
             }
             Err(_) => false,
         }
@@ -522,6 +522,11 @@ where
     answer.map(tell)
 }
 
+/// How many masters answered, of `answers`.
+fn oks<T>(answers: &[Result<T, StoreError>]) -> usize {
+    answers.iter().filter(|answer| answer.is_ok()).count()
+}
+
 /// What a master out of the path answers, without being asked.
 fn out_of_path() -> StoreError {
     StoreError::unavailable(
@@ -718,18 +723,11 @@ impl Store for RedlockStore {
                 .map(|index| async move { (index, self.masters[index].extend(leases).await) })
                 .collect();
             let mut per_master: Vec<(usize, Vec<Renewal>)> = Vec::with_capacity(self.masters.len());
+            let renewals_of = |per_master: &[(usize, Vec<Renewal>)], i: usize| {
+                Renewals::of(per_master.iter().filter_map(|(_, answers)| answers.get(i)))
+            };
             let decided = |per_master: &[(usize, Vec<Renewal>)]| {
-                (0..leases.len()).all(|i| {
-                    let (extended, lost) = per_master
-                        .iter()
-                        .filter_map(|(_, answers)| answers.get(i))
-                        .fold((0, 0), |(extended, lost), outcome| match outcome {
-                            Renewal::Extended => (extended + 1, lost),
-                            Renewal::Lost(_) => (extended, lost + 1),
-                            Renewal::Failed(_) => (extended, lost),
-                        });
-                    extended >= quorum || lost >= quorum
-                })
+                (0..leases.len()).all(|i| renewals_of(per_master, i).decided(quorum))
             };
             while let Some(answers) = pending.next().await {
                 per_master.push(answers);
@@ -751,34 +749,7 @@ impl Store for RedlockStore {
                 }
             }
             let renewals: Vec<Renewal> = (0..leases.len())
-                .map(|i| {
-                    let outcomes = per_master.iter().filter_map(|(_, answers)| answers.get(i));
-                    let (mut extended, mut lost, mut failure) = (0, 0, None);
-                    // Taken when any master of the majority that lost it names another owner.
-                    let mut reason = LostReason::Gone;
-                    for outcome in outcomes {
-                        match outcome {
-                            Renewal::Extended => extended += 1,
-                            Renewal::Lost(found) => {
-                                lost += 1;
-                                if *found == LostReason::Taken {
-                                    reason = LostReason::Taken;
-                                }
-                            }
-                            Renewal::Failed(error) => failure = Some(error.clone()),
-                        }
-                    }
-                    if extended >= quorum {
-                        Renewal::Extended
-                    } else if lost >= quorum {
-                        Renewal::Lost(reason)
-                    } else {
-                        Renewal::Failed(failure.unwrap_or(StoreError::NoQuorum {
-                            answered: extended.max(lost),
-                            needed: quorum,
-                        }))
-                    }
-                })
+                .map(|i| renewals_of(&per_master, i).outcome(quorum))
                 .collect();
             self.spread(leases, &renewals, &per_master).await;
             renewals
@@ -798,24 +769,11 @@ impl Store for RedlockStore {
                         let call = call.clone();
                         async move { master.release_with(&call).await }
                     },
-                    |answers| answers.iter().filter(|answer| answer.is_ok()).count() >= quorum,
+                    |answers| oks(answers) >= quorum,
                 )
                 .await;
-            let deleted = answers
-                .iter()
-                .filter(|answer| matches!(answer, Ok(true)))
-                .count();
-            let answered = answers.iter().filter(|answer| answer.is_ok()).count();
-            if answered >= quorum {
-                return Ok(deleted >= quorum);
-            }
-            Err(answers
-                .into_iter()
-                .find_map(Result::err)
-                .unwrap_or(StoreError::NoQuorum {
-                    answered,
-                    needed: quorum,
-                }))
+            let answered = tally::on_a_majority(answers, quorum)?;
+            Ok(answered.into_iter().filter(|deleted| *deleted).count() >= quorum)
         })
     }
 
@@ -827,25 +785,17 @@ impl Store for RedlockStore {
     /// not left held on a majority.
     fn leave<'a>(&'a self, key: &'a str, token: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let outcomes = join_all(self.masters.iter().enumerate().map(|(index, master)| {
-                let in_path = self.in_path(index);
-                async move {
-                    match in_path {
-                        true => master.leave(key, token).await,
-                        false => Err(out_of_path()),
-                    }
-                }
-            }))
-            .await;
-            let answered = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
-            match answered >= self.quorum() {
-                true => Ok(()),
-                false => Err(StoreError::short_of_quorum(
-                    outcomes,
-                    answered,
-                    self.quorum(),
-                )),
-            }
+            let quorum = self.quorum();
+            let answers = self
+                .on_every_master(
+                    |master| {
+                        let (key, token) = (key.to_owned(), token.to_owned());
+                        async move { master.leave(&key, &token).await }
+                    },
+                    |answers| oks(answers) >= quorum,
+                )
+                .await;
+            tally::on_a_majority(answers, quorum).map(drop)
         })
     }
 
@@ -1096,29 +1046,13 @@ impl HandsOver for RedlockStore {
                         let (ours, theirs) = (ours.clone(), theirs.clone());
                         async move { master.hand_over(ours.as_ref(), theirs.as_ref()).await }
                     },
-                    |answers| {
-                        let handed = answers
-                            .iter()
-                            .filter(|answer| matches!(answer, Ok(HandOver::Handed)))
-                            .count();
-                        handed >= quorum || answers.len() - handed > n - quorum
-                    },
+                    |answers| tally::settled(HandOvers::of(answers).handed, answers.len(), n),
                 )
                 .await;
-            let count = |outcome: HandOver| {
-                answers
-                    .iter()
-                    .filter(|answer| matches!(answer, Ok(found) if *found == outcome))
-                    .count()
-            };
-            let (handed, released, elsewhere, not_ours) = (
-                count(HandOver::Handed),
-                count(HandOver::Released),
-                count(HandOver::ToReservation),
-                count(HandOver::NotOurs),
-            );
-            if handed >= quorum {
-                if not_ours > 0 {
+            let counts = HandOvers::of(&answers);
+            let outcome = counts.outcome(quorum);
+            if outcome == Some(HandOver::Handed) {
+                if counts.not_ours > 0 {
                     self.spread_hand_over(&theirs);
                 }
                 return Ok(HandOver::Handed);
@@ -1127,28 +1061,12 @@ impl HandsOver for RedlockStore {
             // answering, since the waiter looks again with that same token (an attempt that
             // finds its own token takes it as its own): a take-back still on its way would
             // delete the lock from under it. Unconfirmed, the waiter must change tokens.
-            if handed > 0 && !self.release_everywhere(&theirs).await {
+            if counts.handed > 0 && !self.release_everywhere(&theirs).await {
                 return Err(StoreError::unavailable(
                     "a partial hand-over could not be taken back from every master",
                 ));
             }
-            if not_ours >= quorum {
-                Ok(HandOver::NotOurs)
-            } else if elsewhere >= quorum {
-                Ok(HandOver::ToReservation)
-            } else if handed + released + elsewhere >= quorum {
-                // Gone from a majority (freed, or passed to a waiter it is reserved for): no
-                // longer ours.
-                Ok(HandOver::Released)
-            } else {
-                Err(answers
-                    .into_iter()
-                    .find_map(Result::err)
-                    .unwrap_or(StoreError::NoQuorum {
-                        answered: handed + released + elsewhere + not_ours,
-                        needed: quorum,
-                    }))
-            }
+            outcome.ok_or_else(|| StoreError::short_of_quorum(answers, counts.answered(), quorum))
         })
     }
 }

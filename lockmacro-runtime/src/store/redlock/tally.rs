@@ -1,7 +1,139 @@
-//! The decision of a Redlock acquire, apart from the sending: the masters' answers counted into a
-//! [`Tally`], and [`decide`] over it. Pure, so every branch is tested without a server.
+//! Redlock's decisions, apart from the sending: what a majority of the masters' answers comes
+//! to, for each step. An acquire's answers counted into a [`Tally`] and [`decide`]d; a renewal's
+//! per lease ([`Renewals`]); a hand-over's ([`HandOvers`]); a release's, a leave's, any step that
+//! needs a majority to answer ([`on_a_majority`]). Pure, so every branch is tested without a
+//! server.
 
 use std::time::Duration;
+
+use super::super::{HandOver, Renewal, StoreError};
+use crate::error::LostReason;
+
+/// How many of `masters` masters make a majority.
+pub(super) fn majority(masters: usize) -> usize {
+    masters / 2 + 1
+}
+
+/// Whether `agreeing` answers of `answered`, over `masters` masters, settle a step: a majority
+/// agrees, or so many answered otherwise that a majority never can.
+pub(super) fn settled(agreeing: usize, answered: usize, masters: usize) -> bool {
+    let quorum = majority(masters);
+    agreeing >= quorum || answered - agreeing > masters - quorum
+}
+
+/// The answers of the masters that answered a step, once a majority did (`quorum`); otherwise
+/// the first master's error, or [`StoreError::NoQuorum`].
+pub(super) fn on_a_majority<T>(
+    answers: Vec<Result<T, StoreError>>,
+    quorum: usize,
+) -> Result<Vec<T>, StoreError> {
+    let answered = answers.iter().filter(|answer| answer.is_ok()).count();
+    if answered < quorum {
+        return Err(StoreError::short_of_quorum(answers, answered, quorum));
+    }
+    Ok(answers.into_iter().filter_map(Result::ok).collect())
+}
+
+/// The masters' answers to one lease's renewal, counted.
+#[derive(Debug, Default)]
+pub(super) struct Renewals {
+    extended: usize,
+    lost: usize,
+    /// Some master that lost it names another owner.
+    taken: bool,
+    /// The last failure heard, if any.
+    failure: Option<StoreError>,
+}
+
+impl Renewals {
+    pub(super) fn of<'r>(outcomes: impl IntoIterator<Item = &'r Renewal>) -> Self {
+        let mut renewals = Self::default();
+        for outcome in outcomes {
+            match outcome {
+                Renewal::Extended => renewals.extended += 1,
+                Renewal::Lost(reason) => {
+                    renewals.lost += 1;
+                    renewals.taken |= *reason == LostReason::Taken;
+                }
+                Renewal::Failed(error) => renewals.failure = Some(error.clone()),
+            }
+        }
+        renewals
+    }
+
+    /// Whether a majority agrees, either way: the others' answers change nothing.
+    pub(super) fn decided(&self, quorum: usize) -> bool {
+        self.extended >= quorum || self.lost >= quorum
+    }
+
+    /// Extended when a majority extended it, lost when a majority lost it (taken when any of
+    /// them names another owner), otherwise failed: retried before the lease's deadline.
+    pub(super) fn outcome(self, quorum: usize) -> Renewal {
+        if self.extended >= quorum {
+            Renewal::Extended
+        } else if self.lost >= quorum {
+            Renewal::Lost(match self.taken {
+                true => LostReason::Taken,
+                false => LostReason::Gone,
+            })
+        } else {
+            Renewal::Failed(self.failure.unwrap_or(StoreError::NoQuorum {
+                answered: self.extended.max(self.lost),
+                needed: quorum,
+            }))
+        }
+    }
+}
+
+/// The masters' answers to a hand-over, counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct HandOvers {
+    pub(super) handed: usize,
+    released: usize,
+    to_reservation: usize,
+    pub(super) not_ours: usize,
+}
+
+impl HandOvers {
+    pub(super) fn of<'r>(
+        answers: impl IntoIterator<Item = &'r Result<HandOver, StoreError>>,
+    ) -> Self {
+        let mut counts = Self::default();
+        for answer in answers {
+            match answer {
+                Ok(HandOver::Handed) => counts.handed += 1,
+                Ok(HandOver::Released) => counts.released += 1,
+                Ok(HandOver::ToReservation) => counts.to_reservation += 1,
+                Ok(HandOver::NotOurs) => counts.not_ours += 1,
+                Err(_) => {}
+            }
+        }
+        counts
+    }
+
+    /// The masters that answered.
+    pub(super) fn answered(&self) -> usize {
+        self.handed + self.released + self.to_reservation + self.not_ours
+    }
+
+    /// Handed when a majority handed it. Otherwise (the next holder's value is taken back
+    /// wherever it landed) not ours when a majority says so, handed to a reservation when a
+    /// majority did, released when it is gone from a majority (freed, or passed to a waiter
+    /// it is reserved for); `None` when no majority agrees on any of these.
+    pub(super) fn outcome(&self, quorum: usize) -> Option<HandOver> {
+        if self.handed >= quorum {
+            Some(HandOver::Handed)
+        } else if self.not_ours >= quorum {
+            Some(HandOver::NotOurs)
+        } else if self.to_reservation >= quorum {
+            Some(HandOver::ToReservation)
+        } else if self.handed + self.released + self.to_reservation >= quorum {
+            Some(HandOver::Released)
+        } else {
+            None
+        }
+    }
+}
 
 /// A master's `Busy`: the first busy key, the time until it may be free, the estimated wait.
 pub(super) type BusyAnswer = (usize, Option<Duration>, Option<Duration>);
@@ -290,5 +422,102 @@ mod tests {
         // A racer looks again soon.
         assert_eq!(busy(&answers, 3, 2, ms(25)), (1, ms(25), ms(250)));
         assert_eq!(busy(&[(0, None, None); 2], 3, 2, ms(25)), (0, ms(25), None));
+    }
+
+    fn down() -> StoreError {
+        StoreError::unavailable("down")
+    }
+
+    #[test]
+    fn a_step_is_settled_once_a_majority_agrees_or_never_can() {
+        assert!(settled(2, 2, 3));
+        assert!(!settled(1, 2, 3));
+        assert!(settled(1, 3, 3));
+        assert!(settled(0, 2, 3));
+        assert!(!settled(0, 1, 3));
+        assert!(!settled(2, 4, 5));
+        assert!(settled(2, 5, 5));
+        assert!(settled(3, 3, 5));
+    }
+
+    #[test]
+    fn a_step_needs_a_majority_to_answer_and_says_why_it_had_none() {
+        let answers = vec![Ok(1), Err(down()), Ok(2)];
+        assert_eq!(on_a_majority(answers, 2).unwrap(), vec![1, 2]);
+        let short = on_a_majority(vec![Ok(1), Err(down()), Err(down())], 2);
+        assert!(
+            matches!(short, Err(StoreError::Unavailable(_))),
+            "{short:?}"
+        );
+        let unanswered = on_a_majority(vec![Ok(1)], 2);
+        assert!(
+            matches!(
+                unanswered,
+                Err(StoreError::NoQuorum {
+                    answered: 1,
+                    needed: 2
+                })
+            ),
+            "{unanswered:?}"
+        );
+    }
+
+    #[test]
+    fn a_renewal_is_decided_by_a_majority_either_way_and_fails_otherwise() {
+        use Renewal::{Extended, Failed, Lost};
+        let renewals = |outcomes: &[Renewal]| Renewals::of(outcomes);
+        let extended = renewals(&[Extended, Lost(LostReason::Gone), Extended]);
+        assert!(extended.decided(2));
+        assert!(matches!(extended.outcome(2), Extended));
+        let gone = renewals(&[Lost(LostReason::Gone), Lost(LostReason::Gone)]);
+        assert!(matches!(gone.outcome(2), Lost(LostReason::Gone)));
+        let taken = renewals(&[Lost(LostReason::Gone), Extended, Lost(LostReason::Taken)]);
+        assert!(matches!(taken.outcome(2), Lost(LostReason::Taken)));
+        let split = renewals(&[Extended, Lost(LostReason::Gone), Failed(down())]);
+        assert!(!split.decided(2));
+        assert!(matches!(
+            split.outcome(2),
+            Failed(StoreError::Unavailable(_))
+        ));
+        let unanswered = renewals(&[Extended]);
+        assert!(matches!(
+            unanswered.outcome(2),
+            Failed(StoreError::NoQuorum {
+                answered: 1,
+                needed: 2
+            })
+        ));
+    }
+
+    #[test]
+    fn a_hand_over_is_handed_on_a_majority_and_otherwise_what_a_majority_says() {
+        use HandOver::{Handed, NotOurs, Released, ToReservation};
+        let outcome = |answers: &[Result<HandOver, StoreError>]| HandOvers::of(answers).outcome(2);
+        assert_eq!(
+            outcome(&[Ok(Handed), Ok(NotOurs), Ok(Handed)]),
+            Some(Handed)
+        );
+        assert_eq!(
+            outcome(&[Ok(Handed), Ok(NotOurs), Ok(NotOurs)]),
+            Some(NotOurs)
+        );
+        assert_eq!(
+            outcome(&[Ok(ToReservation), Err(down()), Ok(ToReservation)]),
+            Some(ToReservation)
+        );
+        // Gone from a majority: freed on one, handed (and taken back) or passed on elsewhere.
+        assert_eq!(
+            outcome(&[Ok(Handed), Ok(Released), Err(down())]),
+            Some(Released)
+        );
+        assert_eq!(
+            outcome(&[Ok(ToReservation), Ok(Released), Ok(NotOurs)]),
+            Some(Released)
+        );
+        assert_eq!(outcome(&[Ok(Handed), Ok(NotOurs), Err(down())]), None);
+        assert_eq!(
+            HandOvers::of(&[Ok(Handed), Ok(NotOurs), Err(down())]).answered(),
+            2
+        );
     }
 }
