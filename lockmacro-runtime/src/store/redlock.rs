@@ -760,14 +760,14 @@ impl Store for RedlockStore {
         Box::pin(async move {
             self.ends(lease.value);
             let quorum = self.quorum();
-            // One command for every master (they share the quorum's settings), shared with a
-            // slow master's release that finishes in the background.
-            let call = Arc::new(self.masters[0].release_call(lease)?);
+            // One plan for every master (they share the quorum's settings), shared with a slow
+            // master's release that finishes in the background.
+            let plan = Arc::new((OwnedLease::of(lease), self.masters[0].release_plan(lease)?));
             let answers = self
                 .on_every_master(
                     |master| {
-                        let call = call.clone();
-                        async move { master.release_with(&call).await }
+                        let plan = plan.clone();
+                        async move { master.release_by(plan.0.as_ref(), &plan.1, None).await }
                     },
                     |answers| oks(answers) >= quorum,
                 )

@@ -378,10 +378,7 @@ impl<T: Transport> RedisStore<T> {
     /// A script whose reply is a number, on this runtime's connection.
     async fn run_script(&self, key: &str, cmd: &redis::Cmd) -> Result<i64, StoreError> {
         let mut connection = self.transport.connection().await?;
-        let budget = self.settings().response_timeout;
-        self.send(&mut connection, key, Request::Cmd(cmd), budget)
-            .await
-            .map_err(SendError::into_store_error)
+        self.script_on(&mut connection, key, cmd).await
     }
 
     /// How many replicas a write of `key` must reach (`None`: no `WAIT`). Replicas never counted
@@ -774,22 +771,13 @@ impl<T: Transport> RedisStore<T> {
         #[cfg(feature = "sim")]
         crate::world::sometimes("a grant undone after missing acknowledgements");
         let abandoned = undo.abandoned;
-        let released = match abandoned.keys.is_empty() {
-            true => match self.release_cmd(abandoned) {
-                Ok(cmd) => {
-                    let budget = self.settings().response_timeout;
-                    let request = Request::Cmd(&cmd);
-                    let sent =
-                        self.send::<i64>(&mut undo.connection, abandoned.key, request, budget);
-                    sent.await.is_ok()
-                }
-                Err(_) => true,
-            },
-            false => {
-                let groups = Self::key_groups(abandoned.keys);
-                self.release_groups_on(&mut undo.connection, abandoned, &groups)
-                    .await
+        // A key whose release has no channel was refused before its `SET`.
+        let released = match self.release_plan(abandoned) {
+            Ok(plan) => {
+                let connection = Some(&mut undo.connection);
+                self.release_by(abandoned, &plan, connection).await.is_ok()
             }
+            Err(_) => true,
         };
         if released {
             undo.disarm();
@@ -806,22 +794,13 @@ impl<T: Transport> RedisStore<T> {
         let abandoned = OwnedLease::of(abandoned);
         self.settings().background.spawn(async move {
             let lease = abandoned.as_ref();
-            if !lease.keys.is_empty() {
-                let groups = Self::key_groups(lease.keys);
-                if !store.release_groups_on(&mut connection, lease, &groups).await {
-                    release_until_settled(&store, lease).await;
-                }
-                return;
-            }
             // A key whose release has no channel was refused before its `SET`.
-            let Ok(cmd) = store.release_cmd(lease) else {
+            let Ok(plan) = store.release_plan(lease) else {
                 return;
             };
-            let budget = store.settings().response_timeout;
-            let request = Request::Cmd(&cmd);
-            match store.send::<i64>(&mut connection, lease.key, request, budget).await {
+            match store.release_by(lease, &plan, Some(&mut connection)).await {
                 Ok(deleted) => {
-                    tracing::debug!(key = %lease.key, deleted = deleted == 1, "abandoned acquire undone");
+                    tracing::debug!(key = %lease.key, deleted, "abandoned acquire undone");
                 }
                 Err(_) => {
                     release_until_settled(&store, lease).await;
@@ -870,43 +849,89 @@ impl<T: Transport> RedisStore<T> {
         ))
     }
 
-    /// Releases `groups` of the keys of a multi-key `lease` one after the other on `connection`
-    /// (so each reaches its server after the acquire sent on it): `true` when every one was
-    /// answered.
-    async fn release_groups_on(
-        &self,
-        connection: &mut T::Connection,
-        lease: LeaseRef<'_>,
-        groups: &[Vec<usize>],
-    ) -> bool {
-        let budget = self.settings().response_timeout;
-        for group in groups {
-            let Ok(cmd) = self.release_group_cmd(lease, group) else {
-                return true;
-            };
-            let key = &lease.keys[group[0]];
-            let sent = self.send::<i64>(connection, key, Request::Cmd(&cmd), budget);
-            if sent.await.is_err() {
-                return false;
-            }
+    /// How `lease` is released here: built once, for a Redlock once for all its masters.
+    pub(crate) fn release_plan(&self, lease: LeaseRef<'_>) -> Result<ReleasePlan, LockError> {
+        if scripts::releases_plainly(&lease) {
+            return Ok(ReleasePlan::Plain(scripts::release_plain(&lease)));
         }
-        true
+        if lease.keys.is_empty() {
+            return Ok(ReleasePlan::Full(self.release_cmd(lease)?));
+        }
+        self.groups_plan(lease, &Self::key_groups(lease.keys))
     }
 
-    /// Releases every key of a multi-key lease, a script call per group, all at once: `true`
-    /// when every key was ours.
-    async fn release_many(&self, lease: LeaseRef<'_>) -> Result<bool, StoreError> {
-        let groups = Self::key_groups(lease.keys);
-        let cmds = groups
+    /// The release of `groups` of the keys of a multi-key `lease`.
+    fn groups_plan(
+        &self,
+        lease: LeaseRef<'_>,
+        groups: &[Vec<usize>],
+    ) -> Result<ReleasePlan, LockError> {
+        let calls = groups
             .iter()
-            .map(|group| Ok((&lease.keys[group[0]], self.release_group_cmd(lease, group)?)))
-            .collect::<Result<Vec<_>, LockError>>()?;
-        let released = join_all(cmds.iter().map(|(key, cmd)| self.run_script(key, cmd))).await;
-        let mut ours = 0;
-        for released in released {
-            ours += released?;
+            .map(|group| Ok((group[0], self.release_group_cmd(lease, group)?)))
+            .collect::<Result<_, LockError>>()?;
+        Ok(ReleasePlan::Groups(calls))
+    }
+
+    /// Runs `plan`, `lease`'s release, on `connection` (one that carried an acquire: the release
+    /// reaches the server after it) or on this runtime's: whether every key was still ours.
+    pub(crate) async fn release_by(
+        &self,
+        lease: LeaseRef<'_>,
+        plan: &ReleasePlan,
+        connection: Option<&mut T::Connection>,
+    ) -> Result<bool, StoreError> {
+        let mut runtimes;
+        let connection = match connection {
+            Some(connection) => connection,
+            None => {
+                runtimes = self.transport.connection().await?;
+                &mut runtimes
+            }
+        };
+        match plan {
+            ReleasePlan::Plain(cmd) => {
+                match PlainRelease::of(self.script_on(connection, lease.key, cmd).await?) {
+                    PlainRelease::Released => Ok(true),
+                    PlainRelease::NotOurs => Ok(false),
+                    // Marked here: the full release, which tells whoever waits or watches.
+                    PlainRelease::Marked => {
+                        let cmd = self.release_cmd(lease)?;
+                        Ok(self.script_on(connection, lease.key, &cmd).await? == 1)
+                    }
+                }
+            }
+            ReleasePlan::Full(cmd) => Ok(self.script_on(connection, lease.key, cmd).await? == 1),
+            ReleasePlan::Groups(calls) => {
+                // All at once, on clones of one connection: sent in order, answered together.
+                let released = join_all(calls.iter().map(|(first, cmd)| {
+                    let mut connection = connection.clone();
+                    async move {
+                        let key = &lease.keys[*first];
+                        self.script_on(&mut connection, key, cmd).await
+                    }
+                }))
+                .await;
+                let mut ours = 0;
+                for released in released {
+                    ours += released?;
+                }
+                Ok(usize::try_from(ours).is_ok_and(|ours| ours == lease.keys.len()))
+            }
         }
-        Ok(usize::try_from(ours).is_ok_and(|ours| ours == lease.keys.len()))
+    }
+
+    /// A script whose reply is a number, on `connection`.
+    async fn script_on(
+        &self,
+        connection: &mut T::Connection,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<i64, StoreError> {
+        let budget = self.settings().response_timeout;
+        self.send(connection, key, Request::Cmd(cmd), budget)
+            .await
+            .map_err(SendError::into_store_error)
     }
 
     /// Takes every key of `request` or none: one script call per group of
@@ -979,11 +1004,15 @@ impl<T: Transport> RedisStore<T> {
             // Busy, or no lock: nothing of this group was taken; give back the groups before it.
             let taken = &groups[..at];
             let lease = request.lease();
-            if taken.is_empty()
-                || self
-                    .release_groups_on(&mut undo.connection, lease, taken)
-                    .await
-            {
+            let undone = taken.is_empty()
+                || match self.groups_plan(lease, taken) {
+                    Ok(plan) => {
+                        let connection = Some(&mut undo.connection);
+                        self.release_by(lease, &plan, connection).await.is_ok()
+                    }
+                    Err(_) => true,
+                };
+            if undone {
                 undo.disarm();
             }
             return refused;
@@ -1118,21 +1147,8 @@ impl<T: Transport> Store for RedisStore<T> {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            if !lease.keys.is_empty() {
-                return self.release_many(lease).await;
-            }
-            if scripts::releases_plainly(&lease) {
-                // A key nobody waits for or watches: the compare-and-delete alone. A marked
-                // key (waited for, reserved, watched) is told by the full release script.
-                let plain = scripts::release_plain(&lease);
-                match PlainRelease::of(self.run_script(lease.key, &plain).await?) {
-                    PlainRelease::Released => return Ok(true),
-                    PlainRelease::NotOurs => return Ok(false),
-                    PlainRelease::Marked => {}
-                }
-            }
-            let cmd = self.release_cmd(lease)?;
-            Ok(self.run_script(lease.key, &cmd).await? == 1)
+            let plan = self.release_plan(lease)?;
+            self.release_by(lease, &plan, None).await
         })
     }
 
@@ -1364,6 +1380,20 @@ impl<T: Transport> HandsOver for RedisStore<T> {
 const TAKEN: Acquired = Acquired::Taken {
     fencing_token: None,
 };
+
+/// How a lease is released on one server, its script calls built once. Every path that
+/// releases a lease (a release, a Redlock's on each master, an undone grant or acquire) builds
+/// one with [`RedisStore::release_plan`] and runs it with [`RedisStore::release_by`].
+pub(crate) enum ReleasePlan {
+    /// A key nobody waits for or watches: the compare-and-delete alone
+    /// ([`scripts::release_plain`]); where the key is found marked, the full release, built then.
+    Plain(redis::Cmd),
+    /// One key's release script.
+    Full(redis::Cmd),
+    /// A multi-key lease: a script call per group of its keys (all on one server; per slot on a
+    /// cluster), by the index of the group's first key.
+    Groups(Vec<(usize, redis::Cmd)>),
+}
 
 /// Undoes a `SET` whose outcome is unknown, on the connection that carried it, unless disarmed
 /// once the reply is known.

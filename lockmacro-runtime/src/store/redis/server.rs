@@ -16,7 +16,6 @@ use super::connections::{Lent, PerRuntime};
 use super::sentinel::SentinelSource;
 use super::{RedisStore, Request, SendError, Transport, feed, unanswered};
 use crate::clock::{self, Backoff};
-use crate::error::LockError;
 use crate::health::{Health, NodeHealth, NodeRole};
 use crate::store::scripts;
 use crate::store::{BoxFuture, LeaseRef, ReleaseFeed, Settings, StoreError, TimedOut, Unreachable};
@@ -86,71 +85,6 @@ impl RedisStore<Server> {
             follow_switches(&server, sentinel.service().to_owned());
         }
         Self::new(server)
-    }
-}
-
-/// A lease's release as one script call on a server, every key of a multi-key lease in it: built
-/// once, then sent to each of a Redlock's masters.
-pub(crate) struct ReleaseCall {
-    key: String,
-    cmd: redis::Cmd,
-    /// How many keys the script deletes when the lease is still ours.
-    keys: usize,
-    /// The lease's value when `cmd` is the plain release (see `scripts::release_plain`): a
-    /// master that finds the key marked gets the full release script, built then.
-    plain: Option<String>,
-}
-
-impl RedisStore<Server> {
-    /// The release of `lease`, as [`Store::release`](crate::store::Store::release) sends it.
-    pub(crate) fn release_call(&self, lease: LeaseRef<'_>) -> Result<ReleaseCall, LockError> {
-        if scripts::releases_plainly(&lease) {
-            return Ok(ReleaseCall {
-                key: lease.key.to_owned(),
-                cmd: scripts::release_plain(&lease),
-                keys: 1,
-                plain: Some(lease.value.to_owned()),
-            });
-        }
-        let (cmd, keys) = match lease.keys.len() {
-            0 => (self.release_cmd(lease)?, 1),
-            n => (
-                self.release_group_cmd(lease, &Self::key_groups(lease.keys)[0])?,
-                n,
-            ),
-        };
-        Ok(ReleaseCall {
-            key: lease.key.to_owned(),
-            cmd,
-            keys,
-            plain: None,
-        })
-    }
-
-    /// Sends `call`: whether the lease was still ours.
-    pub(crate) async fn release_with(&self, call: &ReleaseCall) -> Result<bool, StoreError> {
-        let deleted = self.run_script(&call.key, &call.cmd).await?;
-        if let Some(value) = &call.plain {
-            match scripts::PlainRelease::of(deleted) {
-                scripts::PlainRelease::Released => return Ok(true),
-                scripts::PlainRelease::NotOurs => return Ok(false),
-                // Marked here: the full release, which tells whoever waits or watches.
-                scripts::PlainRelease::Marked => {
-                    let lease = LeaseRef {
-                        key: &call.key,
-                        keys: &[],
-                        value,
-                        kind: crate::options::LockKind::Exclusive,
-                        ttl: Duration::ZERO,
-                        hold_until: None,
-                        undone: false,
-                    };
-                    let cmd = self.release_cmd(lease).map_err(StoreError::from)?;
-                    return Ok(self.run_script(&call.key, &cmd).await? == 1);
-                }
-            }
-        }
-        Ok(usize::try_from(deleted).is_ok_and(|deleted| deleted == call.keys))
     }
 }
 
