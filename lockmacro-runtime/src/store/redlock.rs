@@ -84,10 +84,6 @@ struct Path {
     out: Vec<AtomicBool>,
 }
 
-/// The masters' answers to one attempt: a slot per master, filled when it answers. One
-/// allocation per attempt, shared with the background task that handles late answers.
-type Answers = Arc<[Mutex<Option<Result<AcquiredMany, StoreError>>>]>;
-
 /// A set of masters, by index: a bit each for the first 64 (no allocation), a flag each on the
 /// heap beyond.
 struct MasterSet {
@@ -206,7 +202,7 @@ impl RedlockStore {
         match undone.await {
             Ok(answers) => {
                 let out = (0..masters).filter(|&i| !self.in_path(i)).count();
-                oks(&answers) + out >= masters
+                answers.iter().filter(|answer| answer.is_ok()).count() + out >= masters
             }
             Err(_) => false,
         }
@@ -243,46 +239,17 @@ impl RedlockStore {
         let masters = self.masters.len();
         let restarted = MasterSet::of(masters, |index| self.masters[index].restarted_within(ttl));
         let started = Instant::now();
-        let answers: Answers = (0..masters).map(|_| Mutex::new(None)).collect();
-        let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
-            let asked = self
-                .in_path(index)
-                .then(|| on_master(master.clone(), per_master));
-            let answers = answers.clone();
-            answered(asked, move |answer| *lock(&answers[index]) = Some(answer))
-        }));
-        let mut all_answered = false;
-        std::future::poll_fn(|cx| {
-            all_answered = pending.poll_unpin(cx).is_ready();
-            match all_answered
-                || decide(&self.tally(&answers, &restarted), quorum, None) != Decision::Wait
-            {
-                true => Poll::Ready(()),
-                false => Poll::Pending,
-            }
-        })
-        .await;
-        if !all_answered {
-            // A moment more for the others, as a release waits: a master whose take was still
-            // unsent when the majority decided (its connection's queue full) would otherwise
-            // get it after the caller's release, and keep the key for a whole ttl.
-            all_answered = tokio::time::timeout(Self::GRACE, &mut pending)
-                .await
-                .is_ok();
-        }
+        let (answers, late) = self
+            .fan_out(
+                |master| on_master(master, per_master),
+                |answers| decide(&self.tally(answers, &restarted), quorum, None) != Decision::Wait,
+            )
+            .await;
         let elapsed = started.elapsed();
-        // The answers so far, taken out of their slots (the pending futures run only when
-        // polled here, or in the background below: none lands meanwhile), so that the slots
-        // filled after hold the late answers alone.
-        let mut tally = Tally::default();
+        let tally = self.tally(&answers, &restarted);
         let mut busy: Vec<(usize, BusyAnswer)> = Vec::new();
         let mut not_a_lock = None;
-        for (index, slot) in answers.iter().enumerate() {
-            let answer = lock(slot).take();
-            tally.add(answer_of(answer.as_ref(), &restarted, index));
-            let Some(answer) = answer else {
-                continue;
-            };
+        for (index, answer) in answers {
             self.note(index, &answer);
             match answer {
                 Ok(AcquiredMany::Busy {
@@ -309,7 +276,7 @@ impl RedlockStore {
             .filter(|left| !left.is_zero());
         let decision = decide(&tally.closed(), quorum, validity);
         let ours = decision == Decision::Taken;
-        if !all_answered {
+        if let Some(late) = late {
             // The others answer in the background: a master that takes it late holds it with
             // the others, or gives it back when it is not ours.
             let store = self.clone();
@@ -318,12 +285,8 @@ impl RedlockStore {
             let late_answers = Arc::new(LateAnswers::default());
             let settling = late_answers.gate.clone().try_lock_owned().ok();
             lock(&self.settling).insert(token.clone(), late_answers.clone());
-            let answers = answers.clone();
             self.settings.background.spawn(async move {
-                pending.await;
-                let late = (0..answers.len())
-                    .filter_map(|index| Some((index, lock(&answers[index]).take()?)))
-                    .collect();
+                let late = late.answers().await;
                 let released = late_answers.released.load(Ordering::SeqCst);
                 store.late_answers(late, &attempt, ours, released).await;
                 let mut waiting = lock(&store.settling);
@@ -395,11 +358,19 @@ impl RedlockStore {
         }
     }
 
-    /// The answers in `answers` so far, counted (`restarted`: whose take does not count).
-    fn tally(&self, answers: &Answers, restarted: &MasterSet) -> Tally {
+    /// The `answers` so far (by master) counted, the masters yet to answer as unknown
+    /// (`restarted`: whose take does not count).
+    fn tally(
+        &self,
+        answers: &[(usize, Result<AcquiredMany, StoreError>)],
+        restarted: &MasterSet,
+    ) -> Tally {
         let mut tally = Tally::default();
-        for (index, slot) in answers.iter().enumerate() {
-            tally.add(answer_of(lock(slot).as_ref(), restarted, index));
+        for (index, answer) in answers {
+            tally.add(answer_of(answer, restarted, *index));
+        }
+        for _ in answers.len()..self.masters.len() {
+            tally.add(Answer::Unknown);
         }
         tally
     }
@@ -477,20 +448,19 @@ impl RedlockStore {
 /// What master `index` answered an attempt, for its [`Tally`] (`restarted`: whose take does not
 /// count).
 fn answer_of(
-    answer: Option<&Result<AcquiredMany, StoreError>>,
+    answer: &Result<AcquiredMany, StoreError>,
     restarted: &MasterSet,
     index: usize,
 ) -> Answer {
     match answer {
-        None => Answer::Unknown,
-        Some(Ok(AcquiredMany::Taken)) => Answer::Took {
+        Ok(AcquiredMany::Taken) => Answer::Took {
             counts: !restarted.contains(index),
         },
-        Some(Ok(AcquiredMany::Busy { .. })) => Answer::Busy,
-        Some(Err(StoreError::Unusable(error))) if matches!(**error, LockError::NotALock { .. }) => {
+        Ok(AcquiredMany::Busy { .. }) => Answer::Busy,
+        Err(StoreError::Unusable(error)) if matches!(**error, LockError::NotALock { .. }) => {
             Answer::NotALock
         }
-        Some(Err(_)) => Answer::Failed,
+        Err(_) => Answer::Failed,
     }
 }
 
@@ -522,9 +492,9 @@ where
     answer.map(tell)
 }
 
-/// How many masters answered, of `answers`.
-fn oks<T>(answers: &[Result<T, StoreError>]) -> usize {
-    answers.iter().filter(|answer| answer.is_ok()).count()
+/// How many masters answered, of `answers` (by master).
+fn oks<T>(answers: &[(usize, Result<T, StoreError>)]) -> usize {
+    answers.iter().filter(|(_, answer)| answer.is_ok()).count()
 }
 
 /// What a master out of the path answers, without being asked.
@@ -715,42 +685,43 @@ impl Store for RedlockStore {
     fn extend<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Renewal>> {
         Box::pin(async move {
             // Answers until every lease is decided: a frozen master must not hold back the
-            // majority's confirmations past the leases' deadlines. A master out of the path is
-            // not asked.
+            // majority's confirmations past the leases' deadlines. A master slower than the
+            // grace after that is not awaited: its keys are extended at the next tick.
             let quorum = self.quorum();
-            let mut pending: FuturesUnordered<_> = (0..self.masters.len())
-                .filter(|&index| self.in_path(index))
-                .map(|index| async move { (index, self.masters[index].extend(leases).await) })
-                .collect();
-            let mut per_master: Vec<(usize, Vec<Renewal>)> = Vec::with_capacity(self.masters.len());
-            let renewals_of = |per_master: &[(usize, Vec<Renewal>)], i: usize| {
-                Renewals::of(per_master.iter().filter_map(|(_, answers)| answers.get(i)))
+            let owned: Arc<[OwnedLease]> =
+                leases.iter().map(|lease| OwnedLease::of(*lease)).collect();
+            let renewals_of = |answers: &[(usize, Result<Vec<Renewal>, StoreError>)], i: usize| {
+                let outcomes = answers
+                    .iter()
+                    .filter_map(|(_, answer)| answer.as_ref().ok()?.get(i));
+                Renewals::of(outcomes)
             };
-            let decided = |per_master: &[(usize, Vec<Renewal>)]| {
-                (0..leases.len()).all(|i| renewals_of(per_master, i).decided(quorum))
-            };
-            while let Some(answers) = pending.next().await {
-                per_master.push(answers);
-                if decided(&per_master) {
-                    // A moment more for the others, so that their keys are extended too.
-                    let others = async {
-                        while let Some(answers) = pending.next().await {
-                            per_master.push(answers);
+            let (answers, late) = self
+                .fan_out(
+                    |master| {
+                        let owned = owned.clone();
+                        async move {
+                            let leases: Vec<LeaseRef<'_>> =
+                                owned.iter().map(OwnedLease::as_ref).collect();
+                            Ok(master.extend(&leases).await)
                         }
-                    };
-                    let _ = tokio::time::timeout(Self::GRACE, others).await;
-                    break;
-                }
-            }
-            drop(pending);
+                    },
+                    |answers| (0..leases.len()).all(|i| renewals_of(answers, i).decided(quorum)),
+                )
+                .await;
+            drop(late);
+            let renewals: Vec<Renewal> = (0..leases.len())
+                .map(|i| renewals_of(&answers, i).outcome(quorum))
+                .collect();
+            let per_master: Vec<(usize, Vec<Renewal>)> = answers
+                .into_iter()
+                .filter_map(|(index, answer)| Some((index, answer.ok()?)))
+                .collect();
             for (index, answers) in &per_master {
                 if let Some(Renewal::Failed(error @ StoreError::Unavailable(_))) = answers.first() {
                     self.take_out(*index, error);
                 }
             }
-            let renewals: Vec<Renewal> = (0..leases.len())
-                .map(|i| renewals_of(&per_master, i).outcome(quorum))
-                .collect();
             self.spread(leases, &renewals, &per_master).await;
             renewals
         })
@@ -979,28 +950,27 @@ impl RedlockStore {
         }
     }
 
-    /// Sends `call` to every master from this task, so that each request is on its master's
-    /// connection before anything this caller sends next (a release then reaches every master
-    /// ahead of the caller's next acquire); returns the answers once `decided` says they settle
-    /// it and the other masters answered too or [`GRACE`](Self::GRACE) passed, and lets the
-    /// rest finish in the background.
-    async fn on_every_master<T, F>(
+    /// Sends `call` to every master in the path from this task, so that each request is on its
+    /// master's connection before anything this caller sends next (a release then reaches every
+    /// master ahead of the caller's next acquire), and returns once `decided` says the answers
+    /// so far settle it and the other masters answered too, or [`GRACE`](Self::GRACE) passed:
+    /// the answers by master, in the masters' order, and the calls still unanswered.
+    async fn fan_out<T, F>(
         &self,
         call: impl Fn(RedisStore<Server>) -> F,
-        decided: impl Fn(&[Result<T, StoreError>]) -> bool,
-    ) -> Vec<Result<T, StoreError>>
+        decided: impl Fn(&[(usize, Result<T, StoreError>)]) -> bool,
+    ) -> (ByMaster<T>, Option<Late<T>>)
     where
         T: Send + 'static,
-        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         // The calls are polled together (one allocation for all of them) and tell their answers
-        // as they come; a slow master's call goes to the background as it is. A master out of
-        // the path is not asked.
+        // as they come. A master out of the path is not asked.
         let answers = Arc::new(Mutex::new(Vec::with_capacity(self.masters.len())));
         let mut pending = join_all(self.masters.iter().enumerate().map(|(index, master)| {
             let asked = self.in_path(index).then(|| call(master.clone()));
             let answers = answers.clone();
-            answered(asked, move |answer| lock(&answers).push(answer))
+            answered(asked, move |answer| lock(&answers).push((index, answer)))
         }));
         let mut all_answered = false;
         std::future::poll_fn(|cx| {
@@ -1012,18 +982,60 @@ impl RedlockStore {
         })
         .await;
         if !all_answered {
-            // The other masters usually answer within the same moment: a task handed to the
-            // background thread for each call cost more client CPU than all the rest of a
-            // cycle under load (W2 on 3 masters: 49 µs a cycle with the answers awaited here,
-            // 79 µs with a task per release). Only a slow master is left to the background.
+            // A moment more for the others: they usually answer within it, and a master whose
+            // request was still unsent when the majority decided (its connection's queue full)
+            // would otherwise get it after the caller's next one.
             all_answered = tokio::time::timeout(Self::GRACE, &mut pending)
                 .await
                 .is_ok();
         }
-        if !all_answered {
-            self.settings.background.spawn(pending);
+        // Taken out (the pending calls run only when polled: none lands meanwhile), so that
+        // the answers that come after are the late ones alone.
+        let mut so_far = std::mem::take(&mut *lock(&answers));
+        so_far.sort_unstable_by_key(|(index, _)| *index);
+        let late = (!all_answered).then(|| Late {
+            pending: Box::pin(pending.map(drop)),
+            answers,
+        });
+        (so_far, late)
+    }
+
+    /// [`fan_out`](Self::fan_out), the slow masters' calls left to finish in the background:
+    /// the answers so far. A task handed to the background for every call cost more client CPU
+    /// than all the rest of a cycle under load (W2 on 3 masters: 49 µs a cycle with the answers
+    /// awaited here, 79 µs with a task per release); only a slow master's goes there.
+    async fn on_every_master<T, F>(
+        &self,
+        call: impl Fn(RedisStore<Server>) -> F,
+        decided: impl Fn(&[(usize, Result<T, StoreError>)]) -> bool,
+    ) -> Vec<Result<T, StoreError>>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let (answers, late) = self.fan_out(call, decided).await;
+        if let Some(late) = late {
+            self.settings.background.spawn(late.pending);
         }
-        std::mem::take(&mut *lock(&answers))
+        answers.into_iter().map(|(_, answer)| answer).collect()
+    }
+}
+
+/// Masters' answers to one request, each with its master's index.
+type ByMaster<T> = Vec<(usize, Result<T, StoreError>)>;
+
+/// The masters that had not answered when a request to every master was decided: their calls,
+/// to run to the end (in the background) or to drop.
+struct Late<T> {
+    pending: BoxFuture<'static, ()>,
+    answers: Arc<Mutex<ByMaster<T>>>,
+}
+
+impl<T> Late<T> {
+    /// Runs the calls to the end: the late answers, by master.
+    async fn answers(self) -> ByMaster<T> {
+        self.pending.await;
+        std::mem::take(&mut *lock(&self.answers))
     }
 }
 
@@ -1046,7 +1058,10 @@ impl HandsOver for RedlockStore {
                         let (ours, theirs) = (ours.clone(), theirs.clone());
                         async move { master.hand_over(ours.as_ref(), theirs.as_ref()).await }
                     },
-                    |answers| tally::settled(HandOvers::of(answers).handed, answers.len(), n),
+                    |answers| {
+                        let handed = HandOvers::of(answers.iter().map(|(_, answer)| answer)).handed;
+                        tally::settled(handed, answers.len(), n)
+                    },
                 )
                 .await;
             let counts = HandOvers::of(&answers);
