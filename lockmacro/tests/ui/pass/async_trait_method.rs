@@ -1,3 +1,4 @@
+//! A method of an `#[async_trait]` trait, `&self` and `&mut self`.
 use async_trait::async_trait;
 use lockmacro_runtime::{LockClient, LockError, redis_lock};
 
@@ -31,8 +32,9 @@ impl Jobs for Worker {
 
 fn assert_send<T: Send>(_: T) {}
 
-fn check(worker: &Worker) {
+fn check(worker: &mut Worker) {
     assert_send(worker.run(1));
+    assert_send(worker.rename(String::new()));
 }
 
 fn main() {

@@ -1,3 +1,4 @@
+//! An axum handler: extractors as arguments, the key from one of them.
 use std::sync::Arc;
 
 use axum::Router;

@@ -4,8 +4,8 @@ extern crate lockmacro_runtime as renamed;
 
 #[allow(dead_code)]
 mod lockmacro_runtime {
-    pub mod __private {}
-    pub struct LockOptions;
+    pub(crate) mod __private {}
+    pub(crate) struct LockOptions;
 }
 
 use renamed::{LockError, redis_lock};
@@ -20,12 +20,12 @@ mod nested {
 
     /// The default path is absolute, so the local `lockmacro_runtime` module is not in its way.
     #[redis_lock(prefix = "default", key = id)]
-    pub async fn through_default(id: u64) -> Result<u64, LockError> {
+    pub(crate) async fn through_default(id: u64) -> Result<u64, LockError> {
         Ok(id)
     }
 
     #[redis_lock(crate = "::renamed", prefix = "absolute")]
-    pub async fn through_absolute() -> Result<(), LockError> {
+    pub(crate) async fn through_absolute() -> Result<(), LockError> {
         Ok(())
     }
 }

@@ -1,3 +1,4 @@
+//! Early returns (`?`, `return`) from the locked body, with an error of the user's own.
 use lockmacro_runtime::{LockError, redis_lock};
 
 #[derive(Debug)]
@@ -37,4 +38,9 @@ async fn parse(text: String) -> Result<u64, AppError> {
 
 fn main() {
     let _ = parse;
+    let _ = |error: AppError| match error {
+        AppError::Lock(error) => error.to_string(),
+        AppError::Parse(error) => error.to_string(),
+        AppError::Negative => String::new(),
+    };
 }

@@ -1,6 +1,9 @@
+//! Free functions, as the design card writes them.
 use lockmacro_runtime::{LockError, redis_lock};
 
+/// What the locked function returns.
 pub struct Book {
+    /// Its id.
     pub id: u64,
 }
 
@@ -34,7 +37,9 @@ async fn ship(order: Order) -> Result<Order, LockError> {
     Ok(order)
 }
 
+/// Another return type.
 pub struct Order {
+    /// Its id.
     pub id: u64,
 }
 

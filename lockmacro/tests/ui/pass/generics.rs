@@ -1,3 +1,4 @@
+//! Generic functions, `impl Trait` arguments and return types, borrowed arguments.
 use std::fmt::Display;
 
 use lockmacro_runtime::{LockError, redis_lock};
@@ -27,7 +28,7 @@ async fn borrowed<'a>(name: &'a str) -> Result<&'a str, LockError> {
 
 fn main() {
     let _ = generic::<u8, ()>;
-    let _ = impl_argument("x");
+    let _unpolled = impl_argument("x");
     let _ = impl_return;
     let _ = borrowed;
 }

@@ -3,7 +3,9 @@
 
 use lockmacro_runtime::{LockContext, LockError, redis_lock};
 
+/// An account, locked by id.
 pub struct Account {
+    /// Its id.
     pub id: u64,
 }
 

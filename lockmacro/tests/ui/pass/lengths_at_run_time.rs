@@ -38,11 +38,16 @@ struct Service {
 
 impl Service {
     #[redis_lock(prefix = "svc", key = id, client = self.locks, ttl = self.ttl_seconds, wait = self.wait)]
-    async fn from_fields(&self, id: u64) -> Result<u64, LockError> {
+    async fn with_fields(&self, id: u64) -> Result<u64, LockError> {
         Ok(id)
     }
 }
 
 fn main() {
-    let _ = (from_consts, from_a_static_field, in_hours, Service::from_fields);
+    let _ = (
+        from_consts,
+        from_a_static_field,
+        in_hours,
+        Service::with_fields,
+    );
 }

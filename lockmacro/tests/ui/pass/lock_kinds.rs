@@ -29,5 +29,11 @@ async fn fair_without_wait(id: u64) -> Result<u64, LockError> {
 }
 
 fn main() {
-    let _ = (read_entry, rebuild_entry, use_a_connection, in_turn, fair_without_wait);
+    let _ = (
+        read_entry,
+        rebuild_entry,
+        use_a_connection,
+        in_turn,
+        fair_without_wait,
+    );
 }

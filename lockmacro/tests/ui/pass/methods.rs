@@ -1,7 +1,10 @@
+//! Methods: `self`, `&self` and `&mut self`, the client as a field or an argument, and a
+//! trait's method.
 use std::sync::Arc;
 
 use lockmacro_runtime::{LockClient, LockError, redis_lock};
 
+/// A tenant's accounts, locked by tenant.
 pub struct Accounts {
     tenant: String,
     locks: LockClient,
@@ -10,6 +13,7 @@ pub struct Accounts {
 }
 
 impl Accounts {
+    /// The client is a field.
     #[redis_lock(prefix = "balance", key = self.tenant, client = self.locks)]
     pub async fn balance(&self) -> Result<u64, LockError> {
         Ok(self.balance)
@@ -23,6 +27,7 @@ impl Accounts {
         Ok(self.balance)
     }
 
+    /// The client is an argument.
     #[redis_lock(prefix = "rename", key = self.tenant, client = locks)]
     pub async fn rename(&mut self, locks: &LockClient, tenant: String) -> Result<(), LockError> {
         self.tenant = tenant;
@@ -36,7 +41,9 @@ impl Accounts {
     }
 }
 
+/// A trait whose method returns a `Send` future, implemented by a locked `async fn`.
 pub trait Ledger {
+    /// Posts `amount`.
     fn post(&self, amount: u64) -> impl std::future::Future<Output = Result<(), LockError>> + Send;
 }
 

@@ -1,5 +1,7 @@
+//! A function whose `Result` is an alias, or the alias of another module.
 use lockmacro_runtime::{LockError, redis_lock};
 
+/// The application's error.
 #[derive(Debug)]
 pub struct AppError;
 
@@ -12,7 +14,7 @@ impl From<LockError> for AppError {
 type AppResult<T> = Result<T, AppError>;
 
 mod io {
-    pub type Result<T> = std::result::Result<T, super::AppError>;
+    pub(crate) type Result<T> = std::result::Result<T, super::AppError>;
 }
 
 #[redis_lock(prefix = "alias", key = id)]

@@ -1,3 +1,4 @@
+//! The locked function's future is `Send`, as a task spawned on a multi-threaded runtime needs.
 use std::sync::Arc;
 
 use lockmacro_runtime::{LockClient, LockError, redis_lock};
