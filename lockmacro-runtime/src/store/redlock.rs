@@ -202,7 +202,7 @@ impl RedlockStore {
         match undone.await {
             Ok(answers) => {
                 let out = (0..masters).filter(|&i| !self.in_path(i)).count();
-                answers.iter().filter(|answer| answer.is_ok()).count() + out >= masters
+                oks(&answers) + out >= masters
             }
             Err(_) => false,
         }
@@ -743,8 +743,11 @@ impl Store for RedlockStore {
                     |answers| oks(answers) >= quorum,
                 )
                 .await;
-            let answered = tally::on_a_majority(answers, quorum)?;
-            Ok(answered.into_iter().filter(|deleted| *deleted).count() >= quorum)
+            tally::majority_answered(&answers, quorum)?;
+            let deleted = answers
+                .iter()
+                .filter(|(_, answer)| matches!(answer, Ok(true)));
+            Ok(deleted.count() >= quorum)
         })
     }
 
@@ -766,7 +769,7 @@ impl Store for RedlockStore {
                     |answers| oks(answers) >= quorum,
                 )
                 .await;
-            tally::on_a_majority(answers, quorum).map(drop)
+            tally::majority_answered(&answers, quorum)
         })
     }
 
@@ -1008,7 +1011,7 @@ impl RedlockStore {
         &self,
         call: impl Fn(RedisStore<Server>) -> F,
         decided: impl Fn(&[(usize, Result<T, StoreError>)]) -> bool,
-    ) -> Vec<Result<T, StoreError>>
+    ) -> ByMaster<T>
     where
         T: Send + 'static,
         F: Future<Output = Result<T, StoreError>> + Send + 'static,
@@ -1017,7 +1020,7 @@ impl RedlockStore {
         if let Some(late) = late {
             self.settings.background.spawn(late.pending);
         }
-        answers.into_iter().map(|(_, answer)| answer).collect()
+        answers
     }
 }
 
@@ -1064,7 +1067,7 @@ impl HandsOver for RedlockStore {
                     },
                 )
                 .await;
-            let counts = HandOvers::of(&answers);
+            let counts = HandOvers::of(answers.iter().map(|(_, answer)| answer));
             let outcome = counts.outcome(quorum);
             if outcome == Some(HandOver::Handed) {
                 if counts.not_ours > 0 {
@@ -1081,6 +1084,7 @@ impl HandsOver for RedlockStore {
                     "a partial hand-over could not be taken back from every master",
                 ));
             }
+            let answers = answers.into_iter().map(|(_, answer)| answer);
             outcome.ok_or_else(|| StoreError::short_of_quorum(answers, counts.answered(), quorum))
         })
     }

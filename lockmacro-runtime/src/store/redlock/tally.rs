@@ -1,7 +1,7 @@
 //! Redlock's decisions, apart from the sending: what a majority of the masters' answers comes
 //! to, for each step. An acquire's answers counted into a [`Tally`] and [`decide`]d; a renewal's
 //! per lease ([`Renewals`]); a hand-over's ([`HandOvers`]); a release's, a leave's, any step that
-//! needs a majority to answer ([`on_a_majority`]). Pure, so every branch is tested without a
+//! needs a majority to answer ([`majority_answered`]). Pure, so every branch is tested without a
 //! server.
 
 use std::time::Duration;
@@ -21,17 +21,24 @@ pub(super) fn settled(agreeing: usize, answered: usize, masters: usize) -> bool 
     agreeing >= quorum || answered - agreeing > masters - quorum
 }
 
-/// The answers of the masters that answered a step, once a majority did (`quorum`); otherwise
-/// the first master's error, or [`StoreError::NoQuorum`].
-pub(super) fn on_a_majority<T>(
-    answers: Vec<Result<T, StoreError>>,
+/// Whether a majority answered a step (`answers`, by master; `quorum`); when not, the first
+/// master's error, or [`StoreError::NoQuorum`].
+pub(super) fn majority_answered<T>(
+    answers: &[(usize, Result<T, StoreError>)],
     quorum: usize,
-) -> Result<Vec<T>, StoreError> {
-    let answered = answers.iter().filter(|answer| answer.is_ok()).count();
-    if answered < quorum {
-        return Err(StoreError::short_of_quorum(answers, answered, quorum));
+) -> Result<(), StoreError> {
+    let answered = answers.iter().filter(|(_, answer)| answer.is_ok()).count();
+    if answered >= quorum {
+        return Ok(());
     }
-    Ok(answers.into_iter().filter_map(Result::ok).collect())
+    let errors = answers
+        .iter()
+        .filter_map(|(_, answer)| answer.as_ref().err());
+    Err(StoreError::short_of_quorum(
+        errors.cloned().map(Err::<(), _>),
+        answered,
+        quorum,
+    ))
 }
 
 /// The masters' answers to one lease's renewal, counted.
@@ -442,14 +449,13 @@ mod tests {
 
     #[test]
     fn a_step_needs_a_majority_to_answer_and_says_why_it_had_none() {
-        let answers = vec![Ok(1), Err(down()), Ok(2)];
-        assert_eq!(on_a_majority(answers, 2).unwrap(), vec![1, 2]);
-        let short = on_a_majority(vec![Ok(1), Err(down()), Err(down())], 2);
+        assert!(majority_answered(&[(0, Ok(1)), (1, Err(down())), (2, Ok(2))], 2).is_ok());
+        let short = majority_answered(&[(0, Ok(1)), (1, Err(down())), (2, Err(down()))], 2);
         assert!(
             matches!(short, Err(StoreError::Unavailable(_))),
             "{short:?}"
         );
-        let unanswered = on_a_majority(vec![Ok(1)], 2);
+        let unanswered = majority_answered(&[(0, Ok(1))], 2);
         assert!(
             matches!(
                 unanswered,
