@@ -86,25 +86,17 @@ impl RedisCluster {
         // A handshake not finished within the node timeout (a loaded machine) is dropped for
         // good, and gossip never brings that node in: whoever a node still lacks after a while
         // it meets again.
-        let deadline = Instant::now() + FORM_BUDGET;
-        let mut met = Instant::now();
-        loop {
-            let unknown = self.unknown_pairs();
-            if unknown.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "cluster: not within {FORM_BUDGET:?}: every node knows every other"
-            );
-            if met.elapsed() > Duration::from_secs(2) {
-                for (node, other) in unknown {
-                    self.meet(&self.nodes[node], &self.nodes[other]);
+        let met = std::cell::Cell::new(Instant::now());
+        self.wait_until("every node knows every other", |cluster| {
+            let unknown = cluster.unknown_pairs();
+            if !unknown.is_empty() && met.get().elapsed() > Duration::from_secs(2) {
+                for &(node, other) in &unknown {
+                    cluster.meet(&cluster.nodes[node], &cluster.nodes[other]);
                 }
-                met = Instant::now();
+                met.set(Instant::now());
             }
-            thread::sleep(Duration::from_millis(20));
-        }
+            unknown.is_empty()
+        });
     }
 
     /// A URL of every node, to seed a client with.

@@ -771,14 +771,8 @@ impl<T: Transport> RedisStore<T> {
         #[cfg(feature = "sim")]
         crate::world::sometimes("a grant undone after missing acknowledgements");
         let abandoned = undo.abandoned;
-        // A key whose release has no channel was refused before its `SET`.
-        let released = match self.release_plan(abandoned) {
-            Ok(plan) => {
-                let connection = Some(&mut undo.connection);
-                self.release_by(abandoned, &plan, connection).await.is_ok()
-            }
-            Err(_) => true,
-        };
+        let plan = self.release_plan(abandoned);
+        let released = self.give_back(&mut undo.connection, abandoned, plan).await;
         if released {
             undo.disarm();
         }
@@ -921,6 +915,24 @@ impl<T: Transport> RedisStore<T> {
         }
     }
 
+    /// Gives back what an attempt took, by `plan`, on the `connection` that carried it: whether
+    /// the release was answered. A plan that could not be made means a key whose release has no
+    /// channel, refused before anything was taken.
+    async fn give_back(
+        &self,
+        connection: &mut T::Connection,
+        lease: LeaseRef<'_>,
+        plan: Result<ReleasePlan, LockError>,
+    ) -> bool {
+        match plan {
+            Ok(plan) => self
+                .release_by(lease, &plan, Some(connection))
+                .await
+                .is_ok(),
+            Err(_) => true,
+        }
+    }
+
     /// A script whose reply is a number, on `connection`.
     async fn script_on(
         &self,
@@ -1004,14 +1016,10 @@ impl<T: Transport> RedisStore<T> {
             // Busy, or no lock: nothing of this group was taken; give back the groups before it.
             let taken = &groups[..at];
             let lease = request.lease();
-            let undone = taken.is_empty()
-                || match self.groups_plan(lease, taken) {
-                    Ok(plan) => {
-                        let connection = Some(&mut undo.connection);
-                        self.release_by(lease, &plan, connection).await.is_ok()
-                    }
-                    Err(_) => true,
-                };
+            let undone = taken.is_empty() || {
+                let plan = self.groups_plan(lease, taken);
+                self.give_back(&mut undo.connection, lease, plan).await
+            };
             if undone {
                 undo.disarm();
             }
